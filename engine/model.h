@@ -1,0 +1,159 @@
+/*
+ * model.h - the loaded model inside the engine: config, weight views and
+ * the backend interface. Internal to engine/ and kernels/; server/ and cli/
+ * never include it.
+ *
+ * Weights stay in the mmapped safetensors files (llama2.c style): a
+ * tensor_view points into the mapping and carries its dtype; the CPU backend
+ * converts rows to fp32 on the fly, the CUDA backend uploads and re-lays
+ * them out once at load.
+ */
+#ifndef KDA_MODEL_H
+#define KDA_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine.h"
+
+typedef enum { DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2 } dtype_t;
+
+static inline size_t dtype_size(dtype_t t) { return t == DT_F32 ? 4 : 2; }
+
+/* A 1-D or 2-D weight. Logical row r (0..rows-1) of a 2-D view starts at
+ * element ((r / group_rows) * group_stride + r % group_rows) * cols from data.
+ * Plain matrices have group_rows = rows. The grouping lets the interleaved
+ * GQA q|gate projection (rows 256h..256h+127 query head h, +128..+255 its
+ * gate) be two views of one mapped tensor with no copy. 1-D tensors have
+ * rows = 1, cols = length. */
+typedef struct {
+    const void *data;      /* NULL = absent (optional tensor) */
+    dtype_t dtype;
+    int64_t rows, cols;
+    int64_t group_rows, group_stride;
+    const char *name;      /* tensor name in the checkpoint (for messages) */
+} tensor_view;
+
+static inline const void *tv_row(const tensor_view *t, int64_t r)
+{
+    int64_t phys = (r / t->group_rows) * t->group_stride + r % t->group_rows;
+    return (const char *)t->data + (size_t)(phys * t->cols) * dtype_size(t->dtype);
+}
+
+/* ---- config ---- */
+typedef struct {
+    kda_family family;
+    int d;                 /* hidden_size */
+    int n_layers;
+    int vocab;
+    int ffn;               /* intermediate_size */
+    float norm_eps;
+    int tie_embeddings;
+    int bos_id, eos_id;
+    int max_pos;           /* max_position_embeddings */
+    int byte_tokenizer;    /* "tokenizer": "bytes" */
+    /* KDA layers */
+    int kda_h, kda_k, kda_v;  /* heads, key width, value width per head */
+    int conv_size;            /* short conv taps (4) */
+    /* GQA layers */
+    int gqa_h, gqa_kvh, gqa_hd;
+    int rope_dim;             /* rotated dims per head (first rope_dim of hd) */
+    double rope_theta;
+    int qk_norm;              /* per-head RMSNorm on q and k */
+    int output_gate;          /* sigmoid output gate (g_proj or interleaved in q_proj) */
+    kda_layer_kind kind[KDA_MAX_LAYERS];
+} model_config;
+
+/* Parses dir/config.json. Unknown keys and unsupported values are errors
+ * naming the key. */
+int config_load(model_config *c, const char *dir, char *err, size_t errlen);
+/* Same, from a JSON string (tests). */
+int config_parse(model_config *c, const char *json, char *err, size_t errlen);
+
+/* ---- weights ---- */
+typedef struct {
+    tensor_view q, k, v;          /* [H*K, D], [H*K, D], [H*V, D] */
+    tensor_view q_conv, k_conv, v_conv; /* [H*K, conv], [H*K, conv], [H*V, conv] (stored [C,1,conv]) */
+    tensor_view f0, f1;           /* gate bottleneck: [V, D], [H*K, V] */
+    tensor_view b;                /* beta: [H, D] */
+    tensor_view A_log;            /* [H] */
+    tensor_view dt_bias;          /* [H*K] */
+    tensor_view g0, g1, g1_bias;  /* output gate: [V, D], [H*V, V], [H*V] */
+    tensor_view o_norm;           /* [V] */
+    tensor_view o;                /* [D, H*V] */
+} kda_layer;
+
+typedef struct {
+    tensor_view q;                /* [Hq*hd, D] (possibly a grouped view of a fused q|gate) */
+    tensor_view gate;             /* [Hq*hd, D] or absent when !output_gate */
+    tensor_view k, v;             /* [Hkv*hd, D] */
+    tensor_view o;                /* [D, Hq*hd] */
+    tensor_view q_norm, k_norm;   /* [hd] or absent when !qk_norm */
+} gqa_layer;
+
+typedef struct {
+    tensor_view gate, up;         /* [F, D] */
+    tensor_view down;             /* [D, F] */
+} mlp;
+
+typedef struct {
+    kda_layer_kind kind;
+    tensor_view attn_norm;        /* [D] */
+    tensor_view mlp_norm;         /* [D] */
+    kda_layer kda;                /* valid when kind == KDA_LAYER_KDA */
+    gqa_layer gqa;                /* valid when kind == KDA_LAYER_GQA */
+    mlp mlp;
+} layer_weights;
+
+typedef struct {
+    tensor_view embed;            /* [vocab, D] */
+    tensor_view final_norm;       /* [D] */
+    tensor_view lm_head;          /* [vocab, D]; = embed when tied */
+    layer_weights *layers;        /* [n_layers] */
+    int64_t n_params;             /* unique parameters (tied head counted once) */
+    size_t bytes;                 /* bytes of all bound tensors as stored */
+} model_weights;
+
+struct st_set;  /* safetensors.h */
+
+/* Binds every tensor the config needs (auto-detected fla/HF scheme, or the
+ * name map), checking presence, dtype and shape. First bad tensor named. */
+int weights_bind(model_weights *w, const model_config *c, struct st_set *st,
+                 const char *name_map_path, char *err, size_t errlen);
+void weights_free(model_weights *w);
+
+/* ---- backend interface ----
+ * A backend owns per-sequence state storage for max_seqs slots and runs the
+ * forward pass. engine.c owns sequence bookkeeping (ids, positions) and
+ * calls these; slot i is sequence id i. */
+typedef struct {
+    int slot;                 /* sequence slot */
+    int pos;                  /* tokens already in the sequence before this step */
+    const kda_batch_item *it; /* the caller's item (tokens, outputs, sampling) */
+} step_item;
+
+typedef struct backend backend;
+struct backend {
+    const char *name;
+    /* zero the recurrent/conv state of a slot (KV needs no clearing: reads stop at pos) */
+    void (*seq_reset)(backend *b, int slot);
+    int (*step)(backend *b, const step_item *items, int n, char *err, size_t errlen);
+    void (*destroy)(backend *b);
+    size_t pool_bytes;
+    const char *device_name;
+};
+
+typedef struct {
+    const model_config *cfg;
+    const model_weights *w;
+    int max_seqs, max_seq_len, threads;
+    double gpu_mem_fraction;
+    int verbose;
+} backend_params;
+
+int cpu_backend_create(backend **out, const backend_params *p, char *err, size_t errlen);
+/* Defined in kernels/ when built with CUDA; a stub returning KDA_EUNSUP otherwise. */
+int cuda_backend_create(backend **out, const backend_params *p, char *err, size_t errlen);
+int cuda_device_available(void);
+
+#endif

@@ -1,0 +1,72 @@
+/*
+ * tokenizer.h - text <-> token ids (tok_ prefix).
+ *
+ * Two kinds: SentencePiece (tokenizer.model in the model directory, through
+ * libsentencepiece behind a small extern "C" shim) and bytes (config.json
+ * says "tokenizer": "bytes"; ids 0..255 are the bytes themselves).
+ *
+ * Thread safety: a tok_tokenizer is immutable after open; encode/decode may
+ * be called from many threads at once. A tok_stream belongs to one thread.
+ * Errors: int status (0 ok, <0 error) + message in err[errlen].
+ */
+#ifndef KDA_TOKENIZER_H
+#define KDA_TOKENIZER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct tok_tokenizer tok_tokenizer;
+
+/* Opens the tokenizer of a model directory: tokenizer.model if present,
+ * else config.json's "tokenizer": "bytes". */
+int tok_open_dir(tok_tokenizer **out, const char *model_dir, char *err, size_t errlen);
+int tok_open_spm(tok_tokenizer **out, const char *model_path, char *err, size_t errlen);
+int tok_open_bytes(tok_tokenizer **out);
+void tok_close(tok_tokenizer *t);
+
+int tok_vocab_size(const tok_tokenizer *t);
+int tok_bos_id(const tok_tokenizer *t);   /* -1 if none */
+int tok_eos_id(const tok_tokenizer *t);   /* -1 if none */
+int tok_is_bytes(const tok_tokenizer *t);
+
+/* Encodes len bytes of text. *ids is malloc'd (caller frees), *n_ids its
+ * length. add_bos prepends the BOS id (if the tokenizer has one). Invalid
+ * UTF-8: see tokenizer.c (documented behaviour, never an error). */
+int tok_encode(const tok_tokenizer *t, const char *text, size_t len, int add_bos,
+               int32_t **ids, int *n_ids, char *err, size_t errlen);
+/* Decodes ids into a malloc'd NUL-terminated string. Out-of-range ids are an error. */
+int tok_decode(const tok_tokenizer *t, const int32_t *ids, int n_ids, char **text,
+               char *err, size_t errlen);
+/* The piece string of one id (e.g. "▁the", "<0xE2>"), NULL if out of range. */
+const char *tok_id_to_piece(const tok_tokenizer *t, int32_t id);
+int32_t tok_piece_to_id(const tok_tokenizer *t, const char *piece);   /* -1 if unknown */
+
+/* Streaming detokenizer: feed ids one at a time, receive only complete UTF-8
+ * text. The concatenation of all outputs (plus tok_stream_flush) equals
+ * tok_decode of the whole id list. */
+typedef struct tok_stream tok_stream;
+tok_stream *tok_stream_new(const tok_tokenizer *t);
+void tok_stream_free(tok_stream *s);
+/* Appends id; returns a pointer to the newly completed text (NUL-terminated,
+ * valid until the next call) and its length in *len. */
+const char *tok_stream_push(tok_stream *s, int32_t id, size_t *len);
+/* Returns whatever remains (incomplete UTF-8 bytes are emitted as U+FFFD). */
+const char *tok_stream_flush(tok_stream *s, size_t *len);
+
+/* Stop strings across streamed chunks: holds back text that could be the
+ * start of a stop string. feed() returns text safe to emit now; *stopped is
+ * set once a stop string is complete (the returned text ends right before it). */
+typedef struct tok_stopper tok_stopper;
+tok_stopper *tok_stopper_new(const char *const *stops, int n_stops);
+void tok_stopper_free(tok_stopper *s);
+const char *tok_stopper_feed(tok_stopper *s, const char *text, size_t len, size_t *out_len, int *stopped);
+const char *tok_stopper_flush(tok_stopper *s, size_t *out_len);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
