@@ -135,8 +135,10 @@ typedef struct {
 typedef struct backend backend;
 struct backend {
     const char *name;
-    /* zero the recurrent/conv state of a slot (KV needs no clearing: reads stop at pos) */
-    void (*seq_reset)(backend *b, int slot);
+    /* Prepare a slot for a new sequence: zero its recurrent/conv state (KV needs
+     * no clearing: reads stop at pos). May allocate the slot's storage on first
+     * use (CPU); fails with KDA_ENOMEM when it cannot. */
+    int (*seq_reset)(backend *b, int slot, char *err, size_t errlen);
     int (*step)(backend *b, const step_item *items, int n, char *err, size_t errlen);
     void (*destroy)(backend *b);
     size_t pool_bytes;
