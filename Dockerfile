@@ -1,0 +1,83 @@
+# kda-server container image: a build stage with the toolchain and a slim
+# runtime stage with only the binaries, the shared libraries they link to and
+# the demo model. See deploy/README.md for running it.
+#
+# GPU (default; NVIDIA hosts with the NVIDIA Container Toolkit):
+#   docker build -t kda-server:cuda .
+# CPU, from plain Debian 12:
+#   docker build -t kda-server:cpu --build-arg BUILD_IMAGE=docker.io/library/debian:12 \
+#     --build-arg RUNTIME_IMAGE=docker.io/library/debian:12-slim --build-arg KDA_CUDA=disabled .
+# With podman/buildah pass --format docker: the OCI format has no HEALTHCHECK.
+
+# CUDA 12.8 runs on drivers >= 525 (minor-version compatibility) and targets
+# sm_90a (H100/H200); Ubuntu 24.04 is the first with meson >= 1.0.
+ARG BUILD_IMAGE=docker.io/nvidia/cuda:12.8.1-devel-ubuntu24.04
+ARG RUNTIME_IMAGE=docker.io/nvidia/cuda:12.8.1-runtime-ubuntu24.04
+
+# ---------------------------------------------------------------- build stage
+FROM ${BUILD_IMAGE} AS build
+# enabled | disabled | auto: -Dcuda for meson. The CUDA devel image has nvcc.
+ARG KDA_CUDA=enabled
+# Empty keeps meson_options.txt's default (-gencode for sm_90a).
+ARG CUDA_ARCH=
+ENV DEBIAN_FRONTEND=noninteractive
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends \
+      meson ninja-build pkg-config gcc g++ binutils \
+      libmicrohttpd-dev libcjson-dev libsentencepiece-dev \
+ && rm -rf /var/lib/apt/lists/*
+
+# The source comes last so that editing it does not refetch the toolchain.
+# .dockerignore keeps build dirs, tests and tooling out of the context.
+WORKDIR /src
+COPY . .
+RUN meson setup /build -Dbuildtype=release -Dcuda=${KDA_CUDA} -Dserver=enabled \
+      -Dtests=disabled ${CUDA_ARCH:+-Dcuda_arch=${CUDA_ARCH}} \
+ && ninja -C /build \
+ && mkdir -p /out/bin \
+ && cp /build/server/kda-server /build/cli/kda-cli /out/bin/ \
+ && strip /out/bin/* \
+ && sh deploy/runtime-packages.sh /out/bin/* > /out/runtime-packages.txt \
+ && echo "runtime packages: $(cat /out/runtime-packages.txt | tr '\n' ' ')"
+
+# -------------------------------------------------------------- runtime stage
+FROM ${RUNTIME_IMAGE} AS runtime
+ENV DEBIAN_FRONTEND=noninteractive
+COPY --from=build /out/runtime-packages.txt /tmp/runtime-packages.txt
+RUN apt-get update \
+ && xargs -a /tmp/runtime-packages.txt apt-get install -y --no-install-recommends \
+ && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /tmp/runtime-packages.txt \
+ && useradd --system --uid 10001 --user-group --no-create-home \
+      --home-dir /nonexistent --shell /usr/sbin/nologin kda
+
+COPY --from=build /out/bin/ /usr/local/bin/
+COPY deploy/entrypoint.sh /usr/local/bin/kda-entrypoint
+# Fail the build here, not at first start, if a library is missing. libcuda
+# is the driver's: the NVIDIA Container Toolkit mounts it at run time.
+RUN ! ldd /usr/local/bin/kda-server /usr/local/bin/kda-cli \
+      | grep 'not found' | grep -v 'libcuda\.so'
+
+# The demo model; a volume on /models or --model / KDA_MODEL replace it.
+COPY models/demo/ /opt/kda/models/demo/
+RUN mkdir -p /models && chown 10001:10001 /models
+VOLUME /models
+
+# Defaults the entrypoint turns into flags; every KDA_* is optional.
+ENV KDA_HOST=0.0.0.0 \
+    KDA_PORT=8080 \
+    KDA_DEMO_MODEL=/opt/kda/models/demo
+EXPOSE 8080
+
+# A numeric UID lets Kubernetes' runAsNonRoot check it without /etc/passwd.
+USER 10001:10001
+WORKDIR /tmp
+
+# bash's /dev/tcp: no curl in the image. Runs beside the daemon, not as PID 1.
+HEALTHCHECK --interval=15s --timeout=5s --start-period=120s --retries=3 \
+  CMD ["bash", "-c", "exec 3<>/dev/tcp/127.0.0.1/${KDA_PORT:-8080} && printf 'GET /health HTTP/1.0\\r\\nHost: localhost\\r\\n\\r\\n' >&3 && head -n1 <&3 | grep -q ' 200'"]
+
+# The entrypoint execs kda-server, which then is PID 1 and gets SIGTERM
+# itself; it drains in-flight requests (--grace-seconds) and exits 0.
+STOPSIGNAL SIGTERM
+ENTRYPOINT ["/usr/local/bin/kda-entrypoint"]
+CMD []
