@@ -343,8 +343,14 @@ int st_parse(st_set *s, int file_index, const void *buf, size_t size, const char
     size_t bad = st_utf8_bad_at(p + 8, (size_t)hlen);
     if (bad != hlen)
         return st_fail(err, errlen, "%s: header is not valid UTF-8 (byte %zu)", label, bad);
-    if (memchr(p + 8, 0, (size_t)hlen))
-        return st_fail(err, errlen, "%s: header contains a NUL byte", label);
+    /* JSON forbids raw control characters (in strings too) and cJSON does
+     * not check; a NUL would also end the copy below early. */
+    for (size_t i = 0; i < hlen; i++) {
+        unsigned char c = p[8 + i];
+        if (c < 0x20 && c != '\t' && c != '\n' && c != '\r')
+            return st_fail(err, errlen, "%s: header contains control byte 0x%02x at byte %zu",
+                           label, c, i);
+    }
 
     /* cJSON wants a terminated string; the mapping is read-only and the
      * header's last byte is followed by tensor data, so copy it. */

@@ -182,11 +182,15 @@ static void header_over_100mb_is_rejected(void **state) {
     free(b);
 }
 
-static void nul_byte_inside_header_is_rejected(void **state) {
+/* JSON allows no raw control characters; cJSON alone would take them. */
+static void control_bytes_inside_header_are_rejected(void **state) {
     (void)state;
     stw_blob b = stw_raw("{\"w\" :{}}", NULL, 0);
     b.buf[8 + 4] = 0;
-    expect_parse_rejects(b.buf, b.size, "NUL");
+    expect_parse_rejects(b.buf, b.size, "control byte 0x00 at byte 4");
+    stw_free(&b);
+    b = stw_raw("{\"a\x01" "b\":{\"dtype\":\"F32\",\"shape\":[],\"data_offsets\":[0,4]}}", NULL, 4);
+    expect_parse_rejects(b.buf, b.size, "control byte 0x01 at byte 3");
     stw_free(&b);
 }
 
@@ -264,7 +268,7 @@ int main(void) {
         cmocka_unit_test(empty_and_short_files_are_rejected),
         cmocka_unit_test(header_length_past_eof_or_huge_or_zero_is_rejected),
         cmocka_unit_test(header_over_100mb_is_rejected),
-        cmocka_unit_test(nul_byte_inside_header_is_rejected),
+        cmocka_unit_test(control_bytes_inside_header_are_rejected),
         cmocka_unit_test(size_mismatch_message_names_file_tensor_offsets_and_need),
         cmocka_unit_test(small_or_missing_error_buffer_is_safe),
         cmocka_unit_test(unopenable_paths_are_errors_with_the_reason),
