@@ -21,6 +21,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -155,6 +156,11 @@ static inline double kda_rng_uniform(uint64_t seed, uint64_t counter)
 }
 
 const char *kda_strerror(int code);
+
+/* Describes a model directory (family, dims, layer kinds, tensor table,
+ * parameter count, unused tensors) on out, as text or JSON, without creating
+ * a backend. Returns the binding error (named tensor) if the model would not load. */
+int kda_inspect(const char *dir, const char *name_map, int json, FILE *out, char *err, size_t errlen);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,337 @@
+/*
+ * cpu_ops.c - fp32 reference operators (see cpu_ops.h). Written to read like
+ * MODEL_SPEC.md; the CUDA kernels are tested against these.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu_ops.h"
+
+float bf16_to_f32(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+uint16_t f32_to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+float f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1f, man = h & 0x3ff, u;
+    if (exp == 0) {
+        if (man == 0) {
+            u = sign;
+        } else { /* subnormal: renormalise */
+            exp = 127 - 15 + 1;
+            while (!(man & 0x400)) {
+                man <<= 1;
+                exp--;
+            }
+            man &= 0x3ff;
+            u = sign | (exp << 23) | (man << 13);
+        }
+    } else if (exp == 31) {
+        u = sign | 0x7f800000u | (man << 13);
+    } else {
+        u = sign | ((exp + 127 - 15) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static void convert_row(const void *src, dtype_t t, int64_t n, float *out)
+{
+    if (t == DT_F32) {
+        memcpy(out, src, (size_t)n * 4);
+    } else if (t == DT_BF16) {
+        const uint16_t *s = src;
+        for (int64_t i = 0; i < n; i++) out[i] = bf16_to_f32(s[i]);
+    } else {
+        const uint16_t *s = src;
+        for (int64_t i = 0; i < n; i++) out[i] = f16_to_f32(s[i]);
+    }
+}
+
+void tv_row_f32(const tensor_view *t, int64_t r, float *out) { convert_row(tv_row(t, r), t->dtype, t->cols, out); }
+
+void tv_vec_f32(const tensor_view *t, float *out) { convert_row(t->data, t->dtype, t->cols, out); }
+
+/* The one dot product every matmul uses, so that an output element is
+ * bit-identical whatever the batch composition. */
+static inline float dot_f32(const float *a, const float *b, int n)
+{
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+void matmul_tv(float *y, const float *x, const tensor_view *W, int T)
+{
+    const int64_t R = W->rows;
+    const int C = (int)W->cols;
+#pragma omp parallel
+    {
+        float *row = malloc((size_t)C * sizeof(float));
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < R; r++) {
+            tv_row_f32(W, r, row);
+            for (int t = 0; t < T; t++) y[(size_t)t * R + r] = dot_f32(row, x + (size_t)t * C, C);
+        }
+        free(row);
+    }
+}
+
+void rmsnorm_f32(float *out, const float *x, const float *w, int n, float eps)
+{
+    double ss = 0.0;
+    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    float r = (float)(1.0 / sqrt(ss / n + eps));
+    for (int i = 0; i < n; i++) out[i] = x[i] * r * w[i];
+}
+
+void rope_partial(float *x, int nh, int hd, int rope_dim, int pos, double theta)
+{
+    const int half = rope_dim / 2;
+    for (int i = 0; i < half; i++) {
+        /* angle in double: positions up to 1e6 times frequencies near 1 */
+        double inv = pow(theta, -2.0 * i / rope_dim);
+        double a = pos * inv;
+        float c = (float)cos(a), s = (float)sin(a);
+        for (int h = 0; h < nh; h++) {
+            float *v = x + (size_t)h * hd;
+            float x0 = v[i], x1 = v[i + half];
+            v[i] = x0 * c - x1 * s;
+            v[i + half] = x1 * c + x0 * s;
+        }
+    }
+}
+
+void short_conv_f32(float *y, const float *x, int T, int C, const float *w, int taps, float *tail)
+{
+    const int P = taps - 1; /* history length */
+    for (int c = 0; c < C; c++) {
+        const float *wc = w + (size_t)c * taps;
+        for (int t = 0; t < T; t++) {
+            float s = 0.0f;
+            for (int i = 0; i < taps; i++) {
+                int src = t - P + i; /* token index; negative = from the tail */
+                float xv = src >= 0 ? x[(size_t)src * C + c] : tail[(size_t)(P + src) * C + c];
+                s += wc[i] * xv;
+            }
+            y[(size_t)t * C + c] = silu_f32(s);
+        }
+    }
+    /* new tail = last P raw inputs of (old tail ++ x) */
+    if (P == 0) return;
+    if (T >= P) {
+        memcpy(tail, x + (size_t)(T - P) * C, (size_t)P * C * sizeof(float));
+    } else {
+        memmove(tail, tail + (size_t)T * C, (size_t)(P - T) * C * sizeof(float));
+        memcpy(tail + (size_t)(P - T) * C, x, (size_t)T * C * sizeof(float));
+    }
+}
+
+void kda_gate_f32(float *gk, const float *graw, const float *A_log, const float *dt_bias, int H, int K)
+{
+    for (int h = 0; h < H; h++) {
+        float a = -expf(A_log[h]);
+        for (int k = 0; k < K; k++) {
+            int c = h * K + k;
+            gk[c] = a * softplus_f32(graw[c] + dt_bias[c]);
+        }
+    }
+}
+
+void l2norm_f32(float *x, int n)
+{
+    double ss = 0.0;
+    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    float r = (float)(1.0 / sqrt(ss + 1e-6));
+    for (int i = 0; i < n; i++) x[i] *= r;
+}
+
+void kda_step_f32(float *S, const float *q, const float *k, const float *v, const float *gk, float beta,
+                  float *o, int K, int V)
+{
+    float u[1024]; /* V <= 1024 (config limit) */
+    for (int d = 0; d < K; d++) {
+        float a = expf(gk[d]);
+        float *row = S + (size_t)d * V;
+        for (int j = 0; j < V; j++) row[j] *= a;
+    }
+    for (int j = 0; j < V; j++) u[j] = 0.0f;
+    for (int d = 0; d < K; d++) {
+        const float *row = S + (size_t)d * V;
+        for (int j = 0; j < V; j++) u[j] += row[j] * k[d];
+    }
+    for (int j = 0; j < V; j++) u[j] = beta * (v[j] - u[j]);
+    for (int d = 0; d < K; d++) {
+        float *row = S + (size_t)d * V;
+        for (int j = 0; j < V; j++) row[j] += k[d] * u[j];
+    }
+    for (int j = 0; j < V; j++) o[j] = 0.0f;
+    for (int d = 0; d < K; d++) {
+        const float *row = S + (size_t)d * V;
+        for (int j = 0; j < V; j++) o[j] += row[j] * q[d];
+    }
+}
+
+void kda_recurrent_f32(float *S, const float *q, const float *k, const float *v, const float *gk,
+                       const float *beta, float *o, int T, int K, int V, int q_stride, int v_stride,
+                       int beta_stride, int o_stride)
+{
+    for (int t = 0; t < T; t++)
+        kda_step_f32(S, q + (size_t)t * q_stride, k + (size_t)t * q_stride, v + (size_t)t * v_stride,
+                     gk + (size_t)t * q_stride, beta[(size_t)t * beta_stride], o + (size_t)t * o_stride, K, V);
+}
+
+/*
+ * Chunked WY form (MODEL_SPEC §3). Within a chunk of n tokens, Gam[r] is the
+ * cumulative log-decay up to and including token r. Only differences
+ * Gam[r] - Gam[s] with s <= r, and Gam itself, are exponentiated: all <= 0.
+ */
+void kda_chunked_f32(float *S, const float *q, const float *k, const float *v, const float *gk,
+                     const float *beta, float *o, int T, int K, int V, int q_stride, int v_stride,
+                     int beta_stride, int o_stride, int chunk)
+{
+    const int Cn = chunk;
+    float *Gam = malloc((size_t)Cn * K * sizeof(float));
+    float *A = malloc((size_t)Cn * Cn * sizeof(float));     /* L, then (I+L)^-1 */
+    float *Wm = malloc((size_t)Cn * K * sizeof(float));     /* beta k exp(Gam), then A times it */
+    float *U = malloc((size_t)Cn * V * sizeof(float));      /* beta v, then A times it, then Vnew */
+    float *tmp = malloc((size_t)Cn * (K > V ? K : V) * sizeof(float));
+    for (int t0 = 0; t0 < T; t0 += Cn) {
+        const int n = T - t0 < Cn ? T - t0 : Cn;
+#define Q(r) (q + (size_t)(t0 + (r)) * q_stride)
+#define KK(r) (k + (size_t)(t0 + (r)) * q_stride)
+#define G(r) (gk + (size_t)(t0 + (r)) * q_stride)
+#define VV(r) (v + (size_t)(t0 + (r)) * v_stride)
+#define B(r) (beta[(size_t)(t0 + (r)) * beta_stride])
+        for (int r = 0; r < n; r++)
+            for (int d = 0; d < K; d++) Gam[r * K + d] = (r ? Gam[(r - 1) * K + d] : 0.0f) + G(r)[d];
+        /* L[r][s] = beta_r sum_d k_r k_s exp(Gam_r - Gam_s), s < r */
+        memset(A, 0, (size_t)Cn * Cn * sizeof(float));
+        for (int r = 0; r < n; r++)
+            for (int s = 0; s < r; s++) {
+                float acc = 0.0f;
+                for (int d = 0; d < K; d++) acc += KK(r)[d] * KK(s)[d] * expf(Gam[r * K + d] - Gam[s * K + d]);
+                A[r * Cn + s] = B(r) * acc;
+            }
+        /* Right-hand sides: Wm = beta k exp(Gam), U = beta v */
+        for (int r = 0; r < n; r++) {
+            for (int d = 0; d < K; d++) Wm[r * K + d] = B(r) * KK(r)[d] * expf(Gam[r * K + d]);
+            for (int j = 0; j < V; j++) U[r * V + j] = B(r) * VV(r)[j];
+        }
+        /* Solve (I + L) X = RHS by forward substitution (L strictly lower). */
+        for (int r = 0; r < n; r++)
+            for (int s = 0; s < r; s++) {
+                float l = A[r * Cn + s];
+                if (l == 0.0f) continue;
+                for (int d = 0; d < K; d++) Wm[r * K + d] -= l * Wm[s * K + d];
+                for (int j = 0; j < V; j++) U[r * V + j] -= l * U[s * V + j];
+            }
+        /* Vnew = U - W S */
+        for (int r = 0; r < n; r++)
+            for (int d = 0; d < K; d++) {
+                float wd = Wm[r * K + d];
+                const float *Srow = S + (size_t)d * V;
+                for (int j = 0; j < V; j++) U[r * V + j] -= wd * Srow[j];
+            }
+        /* O = (q exp(Gam)) S + tril(q k^T exp(Gam_r - Gam_s)) Vnew, s <= r */
+        for (int r = 0; r < n; r++) {
+            float *orow = o + (size_t)(t0 + r) * o_stride;
+            for (int j = 0; j < V; j++) orow[j] = 0.0f;
+            for (int d = 0; d < K; d++) {
+                float qd = Q(r)[d] * expf(Gam[r * K + d]);
+                const float *Srow = S + (size_t)d * V;
+                for (int j = 0; j < V; j++) orow[j] += qd * Srow[j];
+            }
+            for (int s = 0; s <= r; s++) {
+                float a = 0.0f;
+                for (int d = 0; d < K; d++) a += Q(r)[d] * KK(s)[d] * expf(Gam[r * K + d] - Gam[s * K + d]);
+                for (int j = 0; j < V; j++) orow[j] += a * U[s * V + j];
+            }
+        }
+        /* S = exp(Gam_last) S + (k exp(Gam_last - Gam))^T Vnew */
+        const float *Gl = Gam + (size_t)(n - 1) * K;
+        for (int d = 0; d < K; d++) {
+            float *Srow = S + (size_t)d * V;
+            float decay = expf(Gl[d]);
+            for (int j = 0; j < V; j++) Srow[j] *= decay;
+            for (int r = 0; r < n; r++) {
+                float kr = KK(r)[d] * expf(Gl[d] - Gam[r * K + d]);
+                for (int j = 0; j < V; j++) Srow[j] += kr * U[r * V + j];
+            }
+        }
+#undef Q
+#undef KK
+#undef G
+#undef VV
+#undef B
+    }
+    free(Gam);
+    free(A);
+    free(Wm);
+    free(U);
+    free(tmp);
+}
+
+void gqa_attention_f32(float *o, const float *q, const float *kc, const float *vc, int T, int pos0, int Hq,
+                       int Hkv, int hd)
+{
+    const int group = Hq / Hkv;
+    const float scale = 1.0f / sqrtf((float)hd);
+    const int n_ctx = pos0 + T;
+    float *p = malloc((size_t)n_ctx * sizeof(float));
+    for (int t = 0; t < T; t++) {
+        const int n = pos0 + t + 1; /* causal: positions 0..pos0+t */
+        for (int h = 0; h < Hq; h++) {
+            const int kh = h / group;
+            const float *qv = q + ((size_t)t * Hq + h) * hd;
+            float m = -INFINITY;
+            for (int s = 0; s < n; s++) {
+                const float *kv = kc + ((size_t)s * Hkv + kh) * hd;
+                float a = 0.0f;
+                for (int i = 0; i < hd; i++) a += qv[i] * kv[i];
+                p[s] = a * scale;
+                if (p[s] > m) m = p[s];
+            }
+            double sum = 0.0;
+            for (int s = 0; s < n; s++) {
+                p[s] = expf(p[s] - m);
+                sum += p[s];
+            }
+            float inv = (float)(1.0 / sum);
+            float *ov = o + ((size_t)t * Hq + h) * hd;
+            for (int i = 0; i < hd; i++) ov[i] = 0.0f;
+            for (int s = 0; s < n; s++) {
+                const float *vv = vc + ((size_t)s * Hkv + kh) * hd;
+                float w = p[s] * inv;
+                for (int i = 0; i < hd; i++) ov[i] += w * vv[i];
+            }
+        }
+    }
+    free(p);
+}
+
+float logsumexp_f32(const float *x, int n)
+{
+    float m = -INFINITY;
+    for (int i = 0; i < n; i++)
+        if (x[i] > m) m = x[i];
+    double s = 0.0;
+    for (int i = 0; i < n; i++) s += exp((double)(x[i] - m));
+    return m + (float)log(s);
+}
