@@ -363,8 +363,8 @@ int st_parse(st_set *s, int file_index, const void *buf, size_t size, const char
     cJSON *root = cJSON_ParseWithOpts(json, &end, 0);
     int rc = -1;
     if (!root) {
-        const char *at = cJSON_GetErrorPtr();
-        size_t off = at && at >= json && at <= json + hlen ? (size_t)(at - json) : 0;
+        /* cJSON points end at the error (cJSON_GetErrorPtr is a global). */
+        size_t off = end && end >= json && end <= json + hlen ? (size_t)(end - json) : 0;
         st_fail(err, errlen, "%s: header is not valid JSON (near byte %zu)", label, off);
         goto done;
     }
