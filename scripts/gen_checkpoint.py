@@ -8,7 +8,7 @@ MODEL_SPEC sections 5 and 6 (config.json + safetensors [+ tokenizer]).
     gen_checkpoint.py OUTDIR --preset 1.7b --dry-run  # tensor table + parameter count only
 
 Weights are random but shaped like a trained model's so logits are not
-degenerate: projections ~ N(0, 1/fan_in), output projections half that
+degenerate: projections ~ N(0, 1/fan_in), output projections 1.5x that
 scale, norm weights ~ 1 + 0.1 N(0,1), A_log and dt_bias as fla initialises
 them. Every tensor is seeded from (seed, its canonical name) -- the fla name
 with a separate gate -- so the same seed gives the same numbers whichever
@@ -35,6 +35,10 @@ import safetensors_io as st  # noqa: E402
 
 FAST_MIN = 1 << 20      # tensors at least this big use the bit-pattern generator
 CHUNK = 1 << 22         # elements generated and written at a time
+# Output projections (o_proj, down_proj) at 1.5/sqrt(fan_in): with a tied head the
+# residual must outweigh the token's own embedding, or every position predicts
+# its input token and greedy decoding repeats one token forever (0.5 did).
+OUT_SCALE = 1.5
 
 PRESETS = {
     "tiny": dict(family="kda", d=64, layers=4, pattern="KKKG", heads=2, head_dim=16, expand_v=1,
@@ -127,7 +131,7 @@ def tensor_table(c):
                    ("g_proj.1.weight", (HV, V), lin(V)),
                    ("g_proj.1.bias", (HV,), ("normal", 0.1)),
                    ("o_norm.weight", (V,), ("norm",)),
-                   ("o_proj.weight", (D, HV), lin(HV, 0.5))]
+                   ("o_proj.weight", (D, HV), lin(HV, OUT_SCALE))]
             for n, sh, init in kda:
                 add(m + n, sh, init, cm + n)
         elif kind == "G":
@@ -144,14 +148,14 @@ def tensor_table(c):
             add(mix + "v_proj.weight", (Hkv * hd, D), lin(D), cmix + "v_proj.weight")
             if gate and c.gate == "separate":
                 add(mix + "g_proj.weight", (Hq * hd, D), lin(D), cmix + "g_proj.weight")
-            add(mix + "o_proj.weight", (D, Hq * hd), lin(Hq * hd, 0.5), cmix + "o_proj.weight")
+            add(mix + "o_proj.weight", (D, Hq * hd), lin(Hq * hd, OUT_SCALE), cmix + "o_proj.weight")
             add(mix + "q_norm.weight", (hd,), ("norm",), cmix + "q_norm.weight")
             add(mix + "k_norm.weight", (hd,), ("norm",), cmix + "k_norm.weight")
         else:
             raise SystemExit("--pattern: unknown layer kind %r (use K for KDA, G for attention)" % kind)
         add(p + n_mlp_norm + ".weight", (D,), ("norm",), cp + c_mlp_norm + ".weight")
         for n, sh, init in [("gate_proj", (F, D), lin(D)), ("up_proj", (F, D), lin(D)),
-                            ("down_proj", (D, F), lin(F, 0.5))]:
+                            ("down_proj", (D, F), lin(F, OUT_SCALE))]:
             add(p + "mlp." + n + ".weight", sh, init, p + "mlp." + n + ".weight")
     add("model.norm.weight", (D,), ("norm",), "model.norm.weight")
     if not c.tied:
