@@ -43,7 +43,7 @@ WORK=$(mktemp -d /tmp/kda-container-test.XXXXXX)
 passed=0 failed=0
 pass() { passed=$((passed + 1)); echo "PASS  $*"; }
 fail() { failed=$((failed + 1)); echo "FAIL  $*"; }
-check() { local what=$1; shift; if "$@"; then pass "$what"; else fail "$what"; fi; }
+check() { local what=$1; shift; if "$@"; then pass "$what"; else fail "$what"; return 1; fi; }
 note() { echo "----  $*"; }
 
 summary() {
@@ -116,7 +116,7 @@ EOF
         rm -rf "$root"
     fi
     note "importing $tarball as $BASE_IMAGE"
-    "${PODMAN[@]}" import --change 'CMD ["/bin/bash"]' "$tarball" "$BASE_IMAGE" >/dev/null
+    "${PODMAN[@]}" import --quiet --change 'CMD ["/bin/bash"]' "$tarball" "$BASE_IMAGE" >/dev/null
 }
 check "base image: Debian 12 minbase made locally" make_base || exit 1
 
@@ -202,16 +202,18 @@ check "api: streamed completion (SSE data chunks, then [DONE])" stream_ok \
     || head -c 600 "$WORK/stream.txt"
 
 score_ok() {
-    curl -fsS -m 60 "$URL/v1/score" -H 'Content-Type: application/json' \
+    curl -fsS -m 60 "$URL/score" -H 'Content-Type: application/json' \
         -d '{"text": "The quick brown fox jumps over the lazy dog."}' > "$WORK/score.json" \
         && /usr/bin/python3 - "$WORK/score.json" <<'EOF'
 import json, math, sys
 r = json.load(open(sys.argv[1]))
-lp = r.get("logprob", r.get("total_logprob"))
-assert isinstance(lp, (int, float)) and math.isfinite(lp) and lp < 0, r
+lps, s = r["token_logprobs"], r["sum_logprob"]
+assert len(lps) == len(r["tokens"]) - 1 > 0, r
+assert all(math.isfinite(x) and x <= 0 for x in lps), r
+assert math.isfinite(s) and s < 0 and abs(s - sum(lps)) < 1e-3 * max(1, -s), r
 EOF
 }
-check "api: scored text (finite negative log-probability)" score_ok \
+check "api: /score gives per-token log-probabilities that sum up" score_ok \
     || head -c 600 "$WORK/score.json"
 
 metrics_ok() {
