@@ -41,9 +41,15 @@ int tok_encode(const tok_tokenizer *t, const char *text, size_t len, int add_bos
 /* Decodes ids into a malloc'd NUL-terminated string. Out-of-range ids are an error. */
 int tok_decode(const tok_tokenizer *t, const int32_t *ids, int n_ids, char **text,
                char *err, size_t errlen);
+/* Same, also giving the length (decoded text never holds a NUL unless an id
+ * stands for one, e.g. byte 0). */
+int tok_decode_len(const tok_tokenizer *t, const int32_t *ids, int n_ids, char **text, size_t *len,
+                   char *err, size_t errlen);
 /* The piece string of one id (e.g. "▁the", "<0xE2>"), NULL if out of range. */
 const char *tok_id_to_piece(const tok_tokenizer *t, int32_t id);
 int32_t tok_piece_to_id(const tok_tokenizer *t, const char *piece);   /* -1 if unknown */
+/* 1 if id is a single byte (<0xNN> byte-fallback piece, or any id of the byte tokenizer). */
+int tok_is_byte_piece(const tok_tokenizer *t, int32_t id);
 
 /* Streaming detokenizer: feed ids one at a time, receive only complete UTF-8
  * text. The concatenation of all outputs (plus tok_stream_flush) equals
@@ -65,6 +71,20 @@ tok_stopper *tok_stopper_new(const char *const *stops, int n_stops);
 void tok_stopper_free(tok_stopper *s);
 const char *tok_stopper_feed(tok_stopper *s, const char *text, size_t len, size_t *out_len, int *stopped);
 const char *tok_stopper_flush(tok_stopper *s, size_t *out_len);
+
+/* UTF-8 policy, shared by both tokenizer kinds and by the stream. A byte
+ * that does not start a well-formed sequence (Unicode 3.9 table 3-7: no
+ * overlongs, no surrogates, nothing past U+10FFFF; a truncated sequence is
+ * ill-formed) becomes one U+FFFD and decoding resumes at the next byte.
+ * That is SentencePiece's own rule for byte pieces, so decoded text is
+ * always valid UTF-8 whatever the ids, and safe to put into JSON. */
+/* Malloc'd NUL-terminated copy with the rule applied; NULL only if out of memory. */
+char *tok_utf8_sanitize(const char *s, size_t len, size_t *out_len);
+/* Length (1..4) of the well-formed sequence starting at s[0], 0 if none. */
+int tok_utf8_char_len(const char *s, size_t len);
+/* Bytes at the end of s (0..3) that are an unfinished but so far well-formed
+ * sequence: more bytes could still make them a character. */
+size_t tok_utf8_incomplete_tail(const char *s, size_t len);
 
 #ifdef __cplusplus
 }
