@@ -67,9 +67,14 @@ void tv_row_f32(const tensor_view *t, int64_t r, float *out) { convert_row(tv_ro
 
 void tv_vec_f32(const tensor_view *t, float *out) { convert_row(t->data, t->dtype, t->cols, out); }
 
-/* The one dot product every matmul uses, so that an output element is
- * bit-identical whatever the batch composition. */
-static inline float dot_f32(const float *a, const float *b, int n)
+/* The dot products every matmul uses: one function per weight dtype, applied
+ * to every (token, row) pair, so an output element is bit-identical whatever
+ * the batch composition. bf16 rows are widened inside the loop (a shift), which
+ * keeps batch-1 decode at memory speed; target_clones picks AVX2+FMA where the
+ * CPU has it (a given machine always runs the same clone). */
+#define DOT_CLONES __attribute__((target_clones("arch=haswell", "default")))
+
+DOT_CLONES static float dot_f32(const float *a, const float *b, int n)
 {
     float s = 0.0f;
 #pragma omp simd reduction(+ : s)
@@ -77,17 +82,40 @@ static inline float dot_f32(const float *a, const float *b, int n)
     return s;
 }
 
+DOT_CLONES static float dot_bf16(const uint16_t *w, const float *x, int n)
+{
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int i = 0; i < n; i++) {
+        uint32_t u = (uint32_t)w[i] << 16;
+        float f;
+        memcpy(&f, &u, 4);
+        s += f * x[i];
+    }
+    return s;
+}
+
 void matmul_tv(float *y, const float *x, const tensor_view *W, int T)
 {
     const int64_t R = W->rows;
     const int C = (int)W->cols;
+    const dtype_t dt = W->dtype;
 #pragma omp parallel
     {
-        float *row = malloc((size_t)C * sizeof(float));
+        float *row = dt == DT_F16 ? malloc((size_t)C * sizeof(float)) : NULL;
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < R; r++) {
-            tv_row_f32(W, r, row);
-            for (int t = 0; t < T; t++) y[(size_t)t * R + r] = dot_f32(row, x + (size_t)t * C, C);
+            const void *src = tv_row(W, r);
+            if (dt == DT_BF16) {
+                for (int t = 0; t < T; t++) y[(size_t)t * R + r] = dot_bf16(src, x + (size_t)t * C, C);
+                continue;
+            }
+            const float *wr = src;
+            if (dt == DT_F16) {
+                convert_row(src, dt, C, row);
+                wr = row;
+            }
+            for (int t = 0; t < T; t++) y[(size_t)t * R + r] = dot_f32(wr, x + (size_t)t * C, C);
         }
         free(row);
     }

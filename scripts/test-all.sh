@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Builds from scratch and runs every test: the default suites, the C unit tests
+# again under AddressSanitizer + UndefinedBehaviorSanitizer, and the container
+# test. Ends with one line "N passed, N failed, N skipped".
+set -uo pipefail
+cd "$(dirname "$0")/.."
+jobs=$(nproc)
+rc=0
+logs=()
+
+rm -rf build build-asan
+meson setup build -Dbuildtype=debugoptimized >/dev/null && ninja -C build -j "$jobs" || exit 1
+meson test -C build --no-suite container --num-processes "$jobs" --print-errorlogs || rc=1
+logs+=(build/meson-logs/testlog.json)
+
+# C unit tests under sanitizers (no CUDA: the sanitizers do not see device code).
+ASAN_SUITES=(safetensors engine tokenizer)
+meson setup build-asan -Dbuildtype=debug -Dcuda=disabled -Db_sanitize=address,undefined -Db_lundef=false >/dev/null \
+  && ninja -C build-asan -j "$jobs" || exit 1
+suite_args=()
+for s in "${ASAN_SUITES[@]}"; do suite_args+=(--suite "$s"); done
+UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=detect_leaks=1 \
+  meson test -C build-asan "${suite_args[@]}" --num-processes "$jobs" --print-errorlogs || rc=1
+logs+=(build-asan/meson-logs/testlog.json)
+
+if [ "${KDA_CONTAINER_TEST:-1}" = 1 ] && [ -x scripts/container-test.sh ]; then
+  meson test -C build --suite container --logbase container --print-errorlogs || rc=1
+  logs+=(build/meson-logs/container.json)
+fi
+
+python3 scripts/test-summary.py "${logs[@]}" || rc=1
+exit $rc
