@@ -35,7 +35,9 @@ int tok_is_bytes(const tok_tokenizer *t);
 
 /* Encodes len bytes of text. *ids is malloc'd (caller frees), *n_ids its
  * length. add_bos prepends the BOS id (if the tokenizer has one). Invalid
- * UTF-8: see tokenizer.c (documented behaviour, never an error). */
+ * UTF-8 is never an error: SentencePiece reads each ill-formed byte as
+ * U+FFFD (its normalizer's rule, so encode(x) == encode(sanitize(x)), see
+ * tok_utf8_sanitize); the byte tokenizer keeps the bytes as they are. */
 int tok_encode(const tok_tokenizer *t, const char *text, size_t len, int add_bos,
                int32_t **ids, int *n_ids, char *err, size_t errlen);
 /* Decodes ids into a malloc'd NUL-terminated string. Out-of-range ids are an error. */
@@ -58,14 +60,20 @@ typedef struct tok_stream tok_stream;
 tok_stream *tok_stream_new(const tok_tokenizer *t);
 void tok_stream_free(tok_stream *s);
 /* Appends id; returns a pointer to the newly completed text (NUL-terminated,
- * valid until the next call) and its length in *len. */
+ * valid until the next call; "" when nothing is complete yet) and its
+ * length in *len. Ids outside the vocabulary are ignored (tok_decode
+ * rejects them; callers validate). NULL from tok_stream_new: out of memory. */
 const char *tok_stream_push(tok_stream *s, int32_t id, size_t *len);
-/* Returns whatever remains (incomplete UTF-8 bytes are emitted as U+FFFD). */
+/* Returns whatever remains (incomplete UTF-8 bytes are emitted as U+FFFD)
+ * and resets the stream to the start of a new text. */
 const char *tok_stream_flush(tok_stream *s, size_t *len);
 
 /* Stop strings across streamed chunks: holds back text that could be the
  * start of a stop string. feed() returns text safe to emit now; *stopped is
- * set once a stop string is complete (the returned text ends right before it). */
+ * set once a stop string is complete (the returned text ends right before it;
+ * the earliest match wins; later feeds return "" with *stopped set). flush()
+ * returns the held-back text when generation ends without a stop. Empty
+ * stop strings are ignored. Returned pointers live until the next call. */
 typedef struct tok_stopper tok_stopper;
 tok_stopper *tok_stopper_new(const char *const *stops, int n_stops);
 void tok_stopper_free(tok_stopper *s);
