@@ -1,0 +1,1027 @@
+/*
+ * api.c - request parsing/validation and response rendering (see api.h).
+ *
+ * Field conventions: JSON null means "not given" (clients send it for unset
+ * optional fields). Text inputs get BOS when add_bos (default true); token
+ * inputs are used verbatim unless add_bos is explicitly true. Defaults
+ * follow the OpenAI completions API: max_tokens 16, temperature 1.
+ */
+#include "api.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+
+#define API_MAX_STOPS 16
+#define API_MAX_STOP_LEN 256
+#define API_MAX_TOP 20
+#define API_MAX_N 16
+
+int api_buf_put(api_buf *b, const char *s, size_t n)
+{
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 1024;
+        while (cap < b->len + n + 1) cap *= 2;
+        char *p = realloc(b->p, cap);
+        if (!p) return -1;
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = '\0';
+    return 0;
+}
+
+void api_buf_free(api_buf *b)
+{
+    free(b->p);
+    memset(b, 0, sizeof *b);
+}
+
+static int fail(api_error *e, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int fail(api_error *e, int status, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+    e->status = status;
+    return -1;
+}
+
+/* ---- UTF-8 hygiene: JSON output must be valid UTF-8 without NULs ---- */
+
+/* Copies n bytes into a NUL-terminated string, replacing each invalid byte
+ * (and NUL) by U+FFFD, so clients' JSON parsers never choke. */
+static char *utf8_clean(const char *s, size_t n)
+{
+    char *out = malloc(n * 3 + 1), *o = out;
+    if (!out) return NULL;
+    const unsigned char *p = (const unsigned char *)s, *end = p + n;
+    while (p < end) {
+        unsigned c = *p;
+        int len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+        int ok = len > 0 && c != 0 && p + len <= end;
+        for (int k = 1; ok && k < len; k++) ok = (p[k] & 0xC0) == 0x80;
+        if (ok && len > 1) {
+            unsigned cp = c & (0x7F >> len);
+            for (int k = 1; k < len; k++) cp = (cp << 6) | (p[k] & 0x3F);
+            ok = !(len == 2 && cp < 0x80) && !(len == 3 && cp < 0x800) && !(len == 4 && (cp < 0x10000 || cp > 0x10FFFF)) &&
+                 !(cp >= 0xD800 && cp <= 0xDFFF);
+        }
+        if (ok) {
+            memcpy(o, p, (size_t)len);
+            o += len;
+            p += len;
+        } else {
+            memcpy(o, "\xEF\xBF\xBD", 3);
+            o += 3;
+            p++;
+        }
+    }
+    *o = '\0';
+    return out;
+}
+
+static void add_text(cJSON *obj, const char *name, const char *s, size_t n)
+{
+    char *clean = utf8_clean(s ? s : "", s ? n : 0);
+    cJSON_AddStringToObject(obj, name, clean ? clean : "");
+    free(clean);
+}
+
+/* The text one id stands for, as OpenAI's logprobs "tokens" list shows it:
+ * SentencePiece's word marker becomes a space and byte pieces their byte. */
+static size_t token_text(const api_ctx *ctx, int32_t id, char *buf, size_t cap)
+{
+    const char *piece = tok_id_to_piece(ctx->tok, id);
+    if (!piece) return 0;
+    unsigned v;
+    char tail;
+    if (strlen(piece) == 6 && sscanf(piece, "<0x%2X%c", &v, &tail) == 2 && tail == '>') {
+        buf[0] = (char)v;
+        return 1;
+    }
+    size_t n = 0;
+    for (const char *p = piece; *p && n + 4 < cap;) {
+        if ((unsigned char)p[0] == 0xE2 && (unsigned char)p[1] == 0x96 && (unsigned char)p[2] == 0x81) {
+            buf[n++] = ' ';
+            p += 3;
+        } else {
+            buf[n++] = *p++;
+        }
+    }
+    return n;
+}
+
+/* ---- field readers: NULL / 0 when absent, -1 with a message when invalid ---- */
+
+static cJSON *field(const cJSON *o, const char *name)
+{
+    cJSON *f = cJSON_GetObjectItemCaseSensitive(o, name);
+    return f && !cJSON_IsNull(f) ? f : NULL;
+}
+
+static int get_num(const cJSON *o, const char *name, double lo, double hi, int lo_open, double *v, api_error *e)
+{
+    cJSON *f = field(o, name);
+    if (!f) return 0;
+    double x = f->valuedouble;
+    if (!cJSON_IsNumber(f) || !isfinite(x) || x > hi || (lo_open ? x <= lo : x < lo))
+        return fail(e, 400, "\"%s\" must be a number in %c%g, %g]", name, lo_open ? '(' : '[', lo, hi);
+    *v = x;
+    return 0;
+}
+
+static int get_int(const cJSON *o, const char *name, long lo, long hi, long *v, api_error *e)
+{
+    cJSON *f = field(o, name);
+    if (!f) return 0;
+    double x = f->valuedouble;
+    if (!cJSON_IsNumber(f) || x != floor(x) || x < (double)lo || x > (double)hi)
+        return fail(e, 400, "\"%s\" must be an integer in [%ld, %ld]", name, lo, hi);
+    *v = (long)x;
+    return 0;
+}
+
+static int get_bool(const cJSON *o, const char *name, int *v, api_error *e)
+{
+    cJSON *f = field(o, name);
+    if (!f) return 0;
+    if (!cJSON_IsBool(f)) return fail(e, 400, "\"%s\" must be true or false", name);
+    *v = cJSON_IsTrue(f);
+    return 0;
+}
+
+static int get_tokens(const api_ctx *ctx, const cJSON *arr, const char *name, int32_t **ids, int *n, api_error *e)
+{
+    int count = cJSON_GetArraySize(arr);
+    int32_t *out = malloc((size_t)(count + 1) * sizeof *out);
+    if (!out) return fail(e, 500, "out of memory");
+    int i = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, arr) {
+        double x = it->valuedouble;
+        if (!cJSON_IsNumber(it) || x != floor(x) || x < 0 || x >= ctx->vocab_size) {
+            free(out);
+            return fail(e, 400, "\"%s[%d]\" must be an integer token id in [0, %d]", name, i, ctx->vocab_size - 1);
+        }
+        out[i++] = (int32_t)x;
+    }
+    *ids = out;
+    *n = i;
+    return 0;
+}
+
+/* Text -> ids, with the model's BOS in front when asked. */
+static int encode(const api_ctx *ctx, const char *text, int add_bos, int32_t **ids, int *n, api_error *e)
+{
+    char err[256] = "";
+    int32_t *raw = NULL;
+    int n_raw = 0;
+    if (tok_encode(ctx->tok, text, strlen(text), 0, &raw, &n_raw, err, sizeof err) != 0)
+        return fail(e, 400, "could not tokenize the prompt: %s", err);
+    int bos = add_bos && ctx->bos_id >= 0;
+    int32_t *out = malloc((size_t)(n_raw + bos + 1) * sizeof *out);
+    if (!out) { free(raw); return fail(e, 500, "out of memory"); }
+    if (bos) out[0] = ctx->bos_id;
+    if (n_raw) memcpy(out + bos, raw, (size_t)n_raw * sizeof *out);
+    free(raw);
+    *ids = out;
+    *n = n_raw + bos;
+    return 0;
+}
+
+/* ---- generation parameters shared by /generate and /v1/completions ---- */
+
+typedef struct {
+    long max_tokens;
+    double temperature, top_p, min_p, repetition_penalty, presence_penalty, frequency_penalty;
+    long top_k;
+    int has_seed;
+    uint64_t seed;
+    char *stops[API_MAX_STOPS];
+    int n_stops;
+    int ignore_eos;
+} gen_params;
+
+static void gen_params_free(gen_params *g)
+{
+    for (int i = 0; i < g->n_stops; i++) free(g->stops[i]);
+    g->n_stops = 0;
+}
+
+static int add_stop(gen_params *g, const cJSON *s, api_error *e)
+{
+    if (!cJSON_IsString(s)) return fail(e, 400, "\"stop\" must be a string or an array of up to %d strings", API_MAX_STOPS);
+    size_t n = strlen(s->valuestring);
+    if (n == 0 || n > API_MAX_STOP_LEN)
+        return fail(e, 400, "\"stop\" strings must be 1 to %d bytes long", API_MAX_STOP_LEN);
+    if (g->n_stops == API_MAX_STOPS) return fail(e, 400, "\"stop\" may hold at most %d strings", API_MAX_STOPS);
+    g->stops[g->n_stops] = strdup(s->valuestring);
+    if (!g->stops[g->n_stops]) return fail(e, 500, "out of memory");
+    g->n_stops++;
+    return 0;
+}
+
+static int parse_gen_params(const api_ctx *ctx, const cJSON *o, gen_params *g, api_error *e)
+{
+    *g = (gen_params){.max_tokens = 16, .temperature = 1, .top_p = 1, .repetition_penalty = 1};
+    double seed = 0;
+    if (get_int(o, "max_tokens", 0, ctx->max_seq_len, &g->max_tokens, e) ||
+        get_num(o, "temperature", 0, 100, 0, &g->temperature, e) ||
+        get_num(o, "top_p", 0, 1, 1, &g->top_p, e) ||
+        get_num(o, "min_p", 0, 1, 0, &g->min_p, e) ||
+        get_num(o, "repetition_penalty", 0, 10, 1, &g->repetition_penalty, e) ||
+        get_num(o, "presence_penalty", -2, 2, 0, &g->presence_penalty, e) ||
+        get_num(o, "frequency_penalty", -2, 2, 0, &g->frequency_penalty, e) ||
+        get_int(o, "top_k", -1, ctx->vocab_size, &g->top_k, e) ||
+        get_bool(o, "ignore_eos", &g->ignore_eos, e))
+        return -1;
+    if (g->top_k < 0) g->top_k = 0;   /* vLLM spells "off" as -1 */
+    cJSON *s = field(o, "seed");
+    if (s) {
+        seed = s->valuedouble;
+        /* JSON numbers are doubles: beyond 2^53 a seed could not be echoed back exactly. */
+        if (!cJSON_IsNumber(s) || seed != floor(seed) || seed < 0 || seed > 9007199254740991.0)
+            return fail(e, 400, "\"seed\" must be an integer in [0, 9007199254740991]");
+        g->has_seed = 1;
+        g->seed = (uint64_t)seed;
+    }
+    cJSON *stop = field(o, "stop");
+    if (stop) {
+        if (cJSON_IsArray(stop)) {
+            const cJSON *it;
+            cJSON_ArrayForEach(it, stop)
+                if (add_stop(g, it, e)) { gen_params_free(g); return -1; }
+        } else if (add_stop(g, stop, e)) {
+            gen_params_free(g);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Requests without a seed still get a distinct one each. */
+static uint64_t random_seed(void)
+{
+    static _Atomic uint64_t counter;
+    uint64_t c = atomic_fetch_add(&counter, 1);
+    return kda_splitmix64((uint64_t)(srv_wall() * 1e9) ^ kda_splitmix64(c)) >> 11;   /* < 2^53: reported exactly */
+}
+
+static int check_context(const api_ctx *ctx, int n_prompt, long max_tokens, int index, int many, api_error *e)
+{
+    char which[32] = "";
+    if (many) snprintf(which, sizeof which, " %d", index);
+    if (n_prompt == 0)
+        return fail(e, 400, "prompt%s is empty and there is no BOS token to start from (set \"add_bos\": true)", which);
+    if ((long)n_prompt + max_tokens > ctx->max_seq_len)
+        return fail(e, 400, "prompt%s (%d tokens) + max_tokens (%ld) = %ld exceeds the context length %d",
+                    which, n_prompt, max_tokens, (long)n_prompt + max_tokens, ctx->max_seq_len);
+    return 0;
+}
+
+/* ---- jobs ---- */
+
+void api_job_free(api_job *j)
+{
+    if (!j) return;
+    if (j->client) {
+        if (j->spare)
+            for (int i = 0; i < j->client->n_tasks; i++) sched_out_free(&j->spare[i]);
+        sched_client_unref(j->client);
+    }
+    if (j->echo_text)
+        for (int i = 0; i < j->n_inputs; i++) free(j->echo_text[i]);
+    free(j->echo_text);
+    free(j->spare);
+    free(j->reported);
+    free(j->started);
+    free(j->text_off);
+    free(j);
+}
+
+/* One prompt as ids plus (for echo) its text. */
+typedef struct {
+    int32_t *ids;
+    int n;
+    char *text;
+} input;
+
+static int job_alloc(api_job *j, int n_tasks)
+{
+    j->client = sched_client_new(n_tasks);
+    j->spare = calloc((size_t)n_tasks, sizeof *j->spare);
+    j->reported = calloc((size_t)n_tasks, sizeof *j->reported);
+    j->started = calloc((size_t)n_tasks, sizeof *j->started);
+    j->text_off = calloc((size_t)n_tasks, sizeof *j->text_off);
+    j->echo_text = calloc((size_t)j->n_inputs, sizeof *j->echo_text);
+    return j->client && j->spare && j->reported && j->started && j->text_off && j->echo_text ? 0 : -1;
+}
+
+static void fill_task(const api_ctx *ctx, sched_task *t, const gen_params *g, const input *in, uint64_t seed)
+{
+    t->max_tokens = (int)g->max_tokens;
+    t->temperature = (float)g->temperature;
+    t->top_p = (float)g->top_p;
+    t->min_p = (float)g->min_p;
+    t->repetition_penalty = (float)g->repetition_penalty;
+    t->presence_penalty = (float)g->presence_penalty;
+    t->frequency_penalty = (float)g->frequency_penalty;
+    t->top_k = (int)g->top_k;
+    t->seed = seed;
+    t->ignore_eos = g->ignore_eos;
+    t->eos_id = ctx->eos_id;
+    t->t_submit = srv_now();
+    (void)in;
+}
+
+static int copy_prompt(sched_task *t, const input *in)
+{
+    t->prompt = malloc((size_t)(in->n ? in->n : 1) * sizeof *t->prompt);
+    if (!t->prompt) return -1;
+    memcpy(t->prompt, in->ids, (size_t)in->n * sizeof *t->prompt);
+    t->n_prompt = in->n;
+    return 0;
+}
+
+static int copy_stops(sched_task *t, const gen_params *g)
+{
+    if (!g->n_stops) return 0;
+    t->stops = calloc((size_t)g->n_stops, sizeof *t->stops);
+    if (!t->stops) return -1;
+    for (int k = 0; k < g->n_stops; k++) {
+        t->stops[k] = strdup(g->stops[k]);
+        if (!t->stops[k]) return -1;
+        t->n_stops = k + 1;
+    }
+    return 0;
+}
+
+/* Reads one prompt: a string (tokenized) or an array of ids. */
+static int read_input(const api_ctx *ctx, const cJSON *v, const char *name, int add_bos, int bos_given,
+                      input *in, api_error *e)
+{
+    if (cJSON_IsString(v)) {
+        if (encode(ctx, v->valuestring, add_bos, &in->ids, &in->n, e)) return -1;
+        in->text = strdup(v->valuestring);
+    } else if (cJSON_IsArray(v)) {
+        int32_t *ids;
+        int n;
+        if (get_tokens(ctx, v, name, &ids, &n, e)) return -1;
+        int bos = bos_given && add_bos && ctx->bos_id >= 0;
+        in->ids = malloc((size_t)(n + bos + 1) * sizeof *in->ids);
+        if (!in->ids) { free(ids); return fail(e, 500, "out of memory"); }
+        if (bos) in->ids[0] = ctx->bos_id;
+        memcpy(in->ids + bos, ids, (size_t)n * sizeof *ids);
+        free(ids);
+        in->n = n + bos;
+        char err[256];
+        if (tok_decode(ctx->tok, in->ids, in->n, &in->text, err, sizeof err) != 0) in->text = NULL;
+    } else {
+        return fail(e, 400, "\"%s\" must be a string or an array of token ids", name);
+    }
+    if (!in->text) in->text = strdup("");
+    return in->text ? 0 : fail(e, 500, "out of memory");
+}
+
+static void inputs_free(input *ins, int n)
+{
+    if (!ins) return;
+    for (int i = 0; i < n; i++) { free(ins[i].ids); free(ins[i].text); }
+    free(ins);
+}
+
+static int parse_generate(const api_ctx *ctx, const cJSON *o, api_job *j, api_error *e)
+{
+    gen_params g;
+    int add_bos = 1, bos_given = 0, rc = -1;
+    long n_top = 0;
+    input *in = calloc(1, sizeof *in);
+    if (!in) return fail(e, 500, "out of memory");
+    if (parse_gen_params(ctx, o, &g, e)) { free(in); return -1; }
+    if (get_bool(o, "stream", &j->stream, e) || get_bool(o, "add_bos", &add_bos, e)) goto out;
+    bos_given = field(o, "add_bos") != NULL;
+    cJSON *lp = field(o, "logprobs");
+    if (lp) {
+        if (cJSON_IsBool(lp)) j->logprobs = cJSON_IsTrue(lp);
+        else if (get_int(o, "logprobs", 0, API_MAX_TOP, &n_top, e)) {
+            snprintf(e->message, sizeof e->message,
+                     "\"logprobs\" must be true, false or an integer in [0, %d] (alternatives per token)", API_MAX_TOP);
+            goto out;
+        } else j->logprobs = 1;
+    }
+    j->n_top = (int)n_top;
+    cJSON *p = field(o, "prompt"), *t = field(o, "tokens");
+    if (!!p == !!t) { fail(e, 400, "exactly one of \"prompt\" (string) or \"tokens\" (array of ids) is required"); goto out; }
+    if (p && !cJSON_IsString(p)) { fail(e, 400, "\"prompt\" must be a string"); goto out; }
+    if (t && !cJSON_IsArray(t)) { fail(e, 400, "\"tokens\" must be an array of token ids"); goto out; }
+    if (read_input(ctx, p ? p : t, p ? "prompt" : "tokens", add_bos, p ? 1 : bos_given, in, e)) goto out;
+    if (check_context(ctx, in->n, g.max_tokens, 0, 0, e)) goto out;
+    j->n_inputs = 1;
+    j->n = 1;
+    if (job_alloc(j, 1)) { fail(e, 500, "out of memory"); goto out; }
+    sched_task *task = &j->client->tasks[0];
+    fill_task(ctx, task, &g, in, g.has_seed ? g.seed : random_seed());
+    task->logprobs = j->logprobs;
+    task->n_top = j->n_top;
+    if (copy_prompt(task, in) || copy_stops(task, &g)) { fail(e, 500, "out of memory"); goto out; }
+    rc = 0;
+out:
+    gen_params_free(&g);
+    inputs_free(in, 1);
+    return rc;
+}
+
+static int parse_score(const api_ctx *ctx, const cJSON *o, api_job *j, api_error *e)
+{
+    int add_bos = 1, rc = -1, n = 0;
+    input *ins = NULL;
+    if (get_bool(o, "add_bos", &add_bos, e)) return -1;
+    int bos_given = field(o, "add_bos") != NULL;
+    cJSON *text = field(o, "text"), *toks = field(o, "tokens"), *texts = field(o, "texts");
+    if (!!text + !!toks + !!texts != 1)
+        return fail(e, 400, "exactly one of \"text\" (string), \"tokens\" (array of ids) or \"texts\" (array of strings) is required");
+    if (text && !cJSON_IsString(text)) return fail(e, 400, "\"text\" must be a string");
+    if (toks && !cJSON_IsArray(toks)) return fail(e, 400, "\"tokens\" must be an array of token ids");
+    if (texts && (!cJSON_IsArray(texts) || cJSON_GetArraySize(texts) == 0 ||
+                  cJSON_GetArraySize(texts) > ctx->max_tasks))
+        return fail(e, 400, "\"texts\" must be an array of 1 to %d strings", ctx->max_tasks);
+    n = texts ? cJSON_GetArraySize(texts) : 1;
+    ins = calloc((size_t)n, sizeof *ins);
+    if (!ins) return fail(e, 500, "out of memory");
+    j->single = !texts;
+    if (texts) {
+        int i = 0;
+        const cJSON *it;
+        cJSON_ArrayForEach(it, texts) {
+            char name[32];
+            snprintf(name, sizeof name, "texts[%d]", i);
+            if (!cJSON_IsString(it)) { fail(e, 400, "\"%s\" must be a string", name); goto out; }
+            if (read_input(ctx, it, name, add_bos, 1, &ins[i], e)) goto out;
+            i++;
+        }
+    } else if (read_input(ctx, text ? text : toks, text ? "text" : "tokens", add_bos, text ? 1 : bos_given, &ins[0], e)) {
+        goto out;
+    }
+    for (int i = 0; i < n; i++) {
+        if (ins[i].n < 2) {
+            if (texts) fail(e, 400, "\"texts[%d]\" must have at least 2 tokens (BOS included) to score", i);
+            else fail(e, 400, "the input must have at least 2 tokens (BOS included) to score");
+            goto out;
+        }
+        if (check_context(ctx, ins[i].n, 0, i, n > 1, e)) goto out;
+    }
+    j->n_inputs = n;
+    j->n = 1;
+    if (job_alloc(j, n)) { fail(e, 500, "out of memory"); goto out; }
+    gen_params g = {.temperature = 0, .top_p = 1, .repetition_penalty = 1};
+    for (int i = 0; i < n; i++) {
+        sched_task *t = &j->client->tasks[i];
+        fill_task(ctx, t, &g, &ins[i], 0);
+        t->prompt_logprobs = 1;
+        if (copy_prompt(t, &ins[i])) { fail(e, 500, "out of memory"); goto out; }
+    }
+    rc = 0;
+out:
+    inputs_free(ins, n);
+    return rc;
+}
+
+static int parse_completions(const api_ctx *ctx, const cJSON *o, api_job *j, api_error *e)
+{
+    gen_params g;
+    long n = 1, n_top = -1;
+    int rc = -1, n_in = 0;
+    input *ins = NULL;
+    if (parse_gen_params(ctx, o, &g, e)) return -1;
+    if (get_int(o, "n", 1, API_MAX_N, &n, e) || get_int(o, "logprobs", 0, API_MAX_TOP, &n_top, e) ||
+        get_bool(o, "echo", &j->echo, e) || get_bool(o, "stream", &j->stream, e))
+        goto out;
+    if (field(o, "best_of") && (!cJSON_IsNumber(field(o, "best_of")) || field(o, "best_of")->valuedouble != n)) {
+        fail(e, 400, "\"best_of\" is not supported (only best_of == n)");
+        goto out;
+    }
+    if (field(o, "suffix")) { fail(e, 400, "\"suffix\" is not supported"); goto out; }
+    cJSON *so = field(o, "stream_options");
+    if (so && get_bool(so, "include_usage", &j->include_usage, e)) goto out;
+    j->logprobs = n_top >= 0;
+    j->n_top = n_top > 0 ? (int)n_top : 0;
+
+    cJSON *p = field(o, "prompt");
+    if (!p) { fail(e, 400, "\"prompt\" is required (a string, an array of strings or of token ids)"); goto out; }
+    /* string | [string] | [id] | [[id]] */
+    int list_of_prompts = cJSON_IsArray(p) && cJSON_GetArraySize(p) > 0 &&
+                          (cJSON_IsString(cJSON_GetArrayItem(p, 0)) || cJSON_IsArray(cJSON_GetArrayItem(p, 0)));
+    n_in = list_of_prompts ? cJSON_GetArraySize(p) : 1;
+    if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 0) { fail(e, 400, "\"prompt\" must not be an empty array"); goto out; }
+    if ((long)n_in * n > ctx->max_tasks) {
+        fail(e, 400, "prompts x n = %ld sequences; at most %d per request", (long)n_in * n, ctx->max_tasks);
+        goto out;
+    }
+    ins = calloc((size_t)n_in, sizeof *ins);
+    if (!ins) { fail(e, 500, "out of memory"); goto out; }
+    if (list_of_prompts) {
+        int i = 0;
+        const cJSON *it;
+        cJSON_ArrayForEach(it, p) {
+            char name[32];
+            snprintf(name, sizeof name, "prompt[%d]", i);
+            if (read_input(ctx, it, name, 1, 0, &ins[i], e)) goto out;
+            i++;
+        }
+    } else if (read_input(ctx, p, "prompt", 1, 0, &ins[0], e)) {
+        goto out;
+    }
+    for (int i = 0; i < n_in; i++)
+        if (check_context(ctx, ins[i].n, g.max_tokens, i, n_in > 1, e)) goto out;
+    j->n_inputs = n_in;
+    j->n = (int)n;
+    if (job_alloc(j, n_in * (int)n)) { fail(e, 500, "out of memory"); goto out; }
+    uint64_t base = g.has_seed ? g.seed : random_seed();
+    for (int i = 0; i < n_in; i++) {
+        j->echo_text[i] = ins[i].text;
+        ins[i].text = NULL;
+        for (int c = 0; c < n; c++) {
+            sched_task *t = &j->client->tasks[i * n + c];
+            /* choice c draws with seed + c, as the issue specifies for n > 1 */
+            fill_task(ctx, t, &g, &ins[i], g.has_seed ? base + (uint64_t)c : random_seed());
+            t->logprobs = j->logprobs;
+            t->n_top = j->n_top;
+            t->prompt_logprobs = j->echo && j->logprobs;
+            if (copy_prompt(t, &ins[i]) || copy_stops(t, &g)) { fail(e, 500, "out of memory"); goto out; }
+        }
+    }
+    rc = 0;
+out:
+    gen_params_free(&g);
+    inputs_free(ins, n_in);
+    return rc;
+}
+
+int api_parse(const api_ctx *ctx, int kind, const char *body, size_t len, api_job **out, api_error *e)
+{
+    *out = NULL;
+    cJSON *o = cJSON_ParseWithLength(body, len);
+    if (!o) {
+        const char *at = cJSON_GetErrorPtr();
+        long off = at && at >= body && at <= body + len ? (long)(at - body) : -1;
+        return fail(e, 400, "malformed JSON in the request body (near byte %ld)", off);
+    }
+    if (!cJSON_IsObject(o)) { cJSON_Delete(o); return fail(e, 400, "the request body must be a JSON object"); }
+    api_job *j = calloc(1, sizeof *j);
+    if (!j) { cJSON_Delete(o); return fail(e, 500, "out of memory"); }
+    j->kind = kind;
+    j->ctx = ctx;
+    j->created = (long)srv_wall();
+    static _Atomic unsigned long next_id;
+    snprintf(j->id, sizeof j->id, "%s-%016llx", kind == API_COMPLETIONS ? "cmpl" : "req",
+             (unsigned long long)kda_splitmix64(random_seed() ^ atomic_fetch_add(&next_id, 1)));
+    int rc = kind == API_GENERATE ? parse_generate(ctx, o, j, e)
+           : kind == API_SCORE ? parse_score(ctx, o, j, e)
+           : parse_completions(ctx, o, j, e);
+    cJSON_Delete(o);
+    if (rc) { api_job_free(j); return -1; }
+    j->client->stream = j->stream;
+    *out = j;
+    return 0;
+}
+
+/* ---- rendering ---- */
+
+static const char *finish_name(int kind, int finish)
+{
+    switch (finish) {
+    case SCHED_FINISH_LENGTH: return "length";
+    case SCHED_FINISH_EOS: return kind == API_COMPLETIONS ? "stop" : "eos";   /* OpenAI has no "eos" */
+    case SCHED_FINISH_STOP: return "stop";
+    case SCHED_FINISH_ABORT: return "abort";
+    case SCHED_FINISH_ERROR: return "error";
+    default: return NULL;
+    }
+}
+
+static char *print_json(cJSON *o, size_t *len)
+{
+    char *s = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    if (s) *len = strlen(s);
+    return s;
+}
+
+char *api_error_json(int status, const char *message, size_t *len)
+{
+    const char *type = status == 401 ? "authentication_error"
+                     : status == 503 ? "service_unavailable"
+                     : status >= 500 ? "server_error" : "invalid_request_error";
+    cJSON *o = cJSON_CreateObject(), *err = cJSON_AddObjectToObject(o, "error");
+    add_text(err, "message", message, strlen(message));
+    cJSON_AddStringToObject(err, "type", type);
+    cJSON_AddNumberToObject(err, "code", status);
+    return print_json(o, len);
+}
+
+static cJSON *usage(long prompt, long completion)
+{
+    cJSON *u = cJSON_CreateObject();
+    cJSON_AddNumberToObject(u, "prompt_tokens", (double)prompt);
+    cJSON_AddNumberToObject(u, "completion_tokens", (double)completion);
+    cJSON_AddNumberToObject(u, "total_tokens", (double)(prompt + completion));
+    return u;
+}
+
+static cJSON *timings(const sched_task *t)
+{
+    cJSON *o = cJSON_CreateObject();
+    double first = t->t_first > 0 ? t->t_first : t->t_end;
+    double admit = t->t_admit > 0 ? t->t_admit : t->t_end;
+    cJSON_AddNumberToObject(o, "queue_ms", (admit - t->t_submit) * 1e3);
+    cJSON_AddNumberToObject(o, "prompt_ms", (first - admit) * 1e3);
+    cJSON_AddNumberToObject(o, "generation_ms", (t->t_end - first) * 1e3);
+    cJSON_AddNumberToObject(o, "total_ms", (t->t_end - t->t_submit) * 1e3);
+    if (t->t_first > 0) cJSON_AddNumberToObject(o, "ttft_ms", (t->t_first - t->t_submit) * 1e3);
+    if (t->n_gen > 1 && t->t_end > t->t_first)
+        cJSON_AddNumberToObject(o, "tokens_per_second", (t->n_gen - 1) / (t->t_end - t->t_first));
+    return o;
+}
+
+/* /generate logprobs: ids, not strings, so nothing is lost to decoding. */
+static cJSON *generate_logprobs(const sched_out *o, int n_top)
+{
+    cJSON *lp = cJSON_CreateObject();
+    cJSON *tl = cJSON_AddArrayToObject(lp, "token_logprobs");
+    cJSON *top = n_top ? cJSON_AddArrayToObject(lp, "top_logprobs") : NULL;
+    for (int i = 0; i < o->n; i++) {
+        cJSON_AddItemToArray(tl, cJSON_CreateNumber(o->lps[i]));
+        if (!top) continue;
+        cJSON *alts = cJSON_CreateArray();
+        for (int k = 0; k < n_top; k++) {
+            cJSON *a = cJSON_CreateObject();
+            cJSON_AddNumberToObject(a, "id", o->top_ids[(size_t)i * n_top + k]);
+            cJSON_AddNumberToObject(a, "logprob", o->top_lps[(size_t)i * n_top + k]);
+            cJSON_AddItemToArray(alts, a);
+        }
+        cJSON_AddItemToArray(top, alts);
+    }
+    return lp;
+}
+
+/* OpenAI completions logprobs block, appended to across prompt and output. */
+typedef struct { cJSON *obj, *tokens, *lps, *top, *offs; } oa_logprobs;
+
+static void oa_init(oa_logprobs *l)
+{
+    l->obj = cJSON_CreateObject();
+    l->tokens = cJSON_AddArrayToObject(l->obj, "tokens");
+    l->lps = cJSON_AddArrayToObject(l->obj, "token_logprobs");
+    l->top = cJSON_AddArrayToObject(l->obj, "top_logprobs");
+    l->offs = cJSON_AddArrayToObject(l->obj, "text_offset");
+}
+
+/* One position: its id and log-prob (has_lp 0 for the first prompt token,
+ * which nothing predicts) and its alternatives, the chosen id included as
+ * vLLM does (lm-eval's is_greedy compares against max(top)). */
+static void oa_add(const api_ctx *ctx, oa_logprobs *l, int32_t id, int has_lp, float lp, const int32_t *top_ids,
+                   const float *top_lps, int n_top, size_t *off)
+{
+    char buf[256];
+    size_t n = token_text(ctx, id, buf, sizeof buf);
+    char *s = utf8_clean(buf, n);
+    cJSON_AddItemToArray(l->tokens, cJSON_CreateString(s ? s : ""));
+    cJSON_AddItemToArray(l->offs, cJSON_CreateNumber((double)*off));
+    *off += s ? strlen(s) : 0;
+    if (!has_lp) {
+        cJSON_AddItemToArray(l->lps, cJSON_CreateNull());
+        cJSON_AddItemToArray(l->top, cJSON_CreateNull());
+        free(s);
+        return;
+    }
+    cJSON_AddItemToArray(l->lps, cJSON_CreateNumber(lp));
+    cJSON *d = cJSON_CreateObject();
+    cJSON_AddNumberToObject(d, s ? s : "", lp);
+    for (int k = 0; k < n_top; k++) {
+        size_t m = token_text(ctx, top_ids[k], buf, sizeof buf);
+        char *a = utf8_clean(buf, m);
+        if (a && !cJSON_HasObjectItem(d, a)) cJSON_AddNumberToObject(d, a, top_lps[k]);
+        free(a);
+    }
+    cJSON_AddItemToArray(l->top, d);
+    free(s);
+}
+
+static void oa_add_prompt(const api_ctx *ctx, oa_logprobs *l, const sched_task *t, size_t *off)
+{
+    for (int i = 0; i < t->n_prompt; i++) {
+        const int32_t *ti = t->prompt_top_ids ? t->prompt_top_ids + (size_t)(i - 1) * t->n_top : NULL;
+        const float *tl = t->prompt_top_lps ? t->prompt_top_lps + (size_t)(i - 1) * t->n_top : NULL;
+        oa_add(ctx, l, t->prompt[i], i > 0, i > 0 ? t->prompt_lps[i - 1] : 0, ti, tl, i > 0 ? t->n_top : 0, off);
+    }
+}
+
+static void oa_add_out(const api_ctx *ctx, oa_logprobs *l, const sched_out *o, int n_top, size_t *off)
+{
+    for (int i = 0; i < o->n; i++)
+        oa_add(ctx, l, o->ids[i], 1, o->lps[i], n_top ? o->top_ids + (size_t)i * n_top : NULL,
+               n_top ? o->top_lps + (size_t)i * n_top : NULL, n_top, off);
+}
+
+static cJSON *oa_envelope(const api_job *j)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "id", j->id);
+    cJSON_AddStringToObject(o, "object", "text_completion");
+    cJSON_AddNumberToObject(o, "created", (double)j->created);
+    cJSON_AddStringToObject(o, "model", j->ctx->model_name);
+    return o;
+}
+
+static cJSON *score_result(const sched_task *t)
+{
+    cJSON *r = cJSON_CreateObject();
+    cJSON_AddItemToObject(r, "tokens", cJSON_CreateIntArray((const int *)t->prompt, t->n_prompt));
+    cJSON *lps = cJSON_AddArrayToObject(r, "token_logprobs");
+    double sum = 0;
+    for (int i = 0; i + 1 < t->n_prompt; i++) {
+        cJSON_AddItemToArray(lps, cJSON_CreateNumber(t->prompt_lps[i]));
+        sum += t->prompt_lps[i];
+    }
+    int n = t->n_prompt - 1;
+    cJSON_AddNumberToObject(r, "sum_logprob", sum);
+    cJSON_AddNumberToObject(r, "nll", -sum / n);        /* mean over predicted tokens */
+    cJSON_AddNumberToObject(r, "ppl", exp(-sum / n));
+    return r;
+}
+
+char *api_render(api_job *j, int *status, size_t *len)
+{
+    sched_client *c = j->client;
+    /* A failed or aborted task fails the request: partial results would be
+     * mistaken for complete ones. */
+    for (int i = 0; i < c->n_tasks; i++) {
+        const sched_task *t = &c->tasks[i];
+        if (t->finish == SCHED_FINISH_ERROR) {
+            *status = 500;
+            return api_error_json(500, t->error[0] ? t->error : "engine error", len);
+        }
+        if (t->finish == SCHED_FINISH_ABORT) {
+            *status = 503;
+            return api_error_json(503, t->error[0] ? t->error : "request aborted", len);
+        }
+    }
+    *status = 200;
+    const api_ctx *ctx = j->ctx;
+    cJSON *o;
+    if (j->kind == API_GENERATE) {
+        const sched_task *t = &c->tasks[0];
+        o = cJSON_CreateObject();
+        add_text(o, "text", t->out.text, t->out.len);
+        cJSON_AddItemToObject(o, "tokens", cJSON_CreateIntArray((const int *)t->out.ids, t->out.n));
+        cJSON_AddStringToObject(o, "finish_reason", finish_name(j->kind, t->finish));
+        if (j->logprobs) cJSON_AddItemToObject(o, "logprobs", generate_logprobs(&t->out, t->n_top));
+        cJSON_AddItemToObject(o, "usage", usage(t->n_prompt, t->n_gen));
+        cJSON_AddItemToObject(o, "timings", timings(t));
+        cJSON_AddNumberToObject(o, "seed", (double)t->seed);
+    } else if (j->kind == API_SCORE) {
+        long n_tok = 0;
+        for (int i = 0; i < c->n_tasks; i++) n_tok += c->tasks[i].n_prompt;
+        if (j->single) {
+            o = score_result(&c->tasks[0]);
+        } else {
+            o = cJSON_CreateObject();
+            cJSON *res = cJSON_AddArrayToObject(o, "results");
+            for (int i = 0; i < c->n_tasks; i++) cJSON_AddItemToArray(res, score_result(&c->tasks[i]));
+        }
+        cJSON_AddItemToObject(o, "usage", usage(n_tok, 0));
+    } else {
+        o = oa_envelope(j);
+        cJSON *choices = cJSON_AddArrayToObject(o, "choices");
+        long n_prompt = 0, n_gen = 0;
+        for (int i = 0; i < c->n_tasks; i++) {
+            const sched_task *t = &c->tasks[i];
+            const char *echo = j->echo ? j->echo_text[i / j->n] : "";
+            if (i % j->n == 0) n_prompt += t->n_prompt;
+            n_gen += t->n_gen;
+            cJSON *ch = cJSON_CreateObject();
+            cJSON_AddNumberToObject(ch, "index", i);
+            size_t el = strlen(echo);
+            char *text = malloc(el + t->out.len + 1);
+            if (text) {
+                memcpy(text, echo, el);
+                if (t->out.len) memcpy(text + el, t->out.text, t->out.len);
+            }
+            add_text(ch, "text", text, text ? el + t->out.len : 0);
+            free(text);
+            if (j->logprobs) {
+                oa_logprobs l;
+                size_t off = 0;
+                oa_init(&l);
+                if (j->echo) oa_add_prompt(ctx, &l, t, &off);
+                oa_add_out(ctx, &l, &t->out, t->n_top, &off);
+                cJSON_AddItemToObject(ch, "logprobs", l.obj);
+            } else {
+                cJSON_AddNullToObject(ch, "logprobs");
+            }
+            cJSON_AddStringToObject(ch, "finish_reason", finish_name(j->kind, t->finish));
+            cJSON_AddItemToArray(choices, ch);
+        }
+        cJSON_AddItemToObject(o, "usage", usage(n_prompt, n_gen));
+    }
+    return print_json(o, len);
+}
+
+static void sse(api_buf *out, cJSON *o)
+{
+    size_t n = 0;
+    char *s = print_json(o, &n);
+    if (!s) return;
+    api_buf_put(out, "data: ", 6);
+    api_buf_put(out, s, n);
+    api_buf_put(out, "\n\n", 2);
+    free(s);
+}
+
+int api_render_stream(api_job *j, api_buf *out)
+{
+    sched_client *c = j->client;
+    int n = c->n_tasks, heartbeat;
+    int fin[n];
+    pthread_mutex_lock(&c->mu);
+    for (int i = 0; i < n; i++) {
+        fin[i] = 0;
+        if (j->reported[i]) continue;
+        sched_out tmp = c->tasks[i].out;
+        c->tasks[i].out = j->spare[i];
+        j->spare[i] = tmp;
+        fin[i] = c->tasks[i].finish;
+    }
+    heartbeat = c->heartbeat;
+    c->heartbeat = 0;
+    c->dirty = 0;
+    pthread_mutex_unlock(&c->mu);
+
+    size_t before = out->len;
+    const api_ctx *ctx = j->ctx;
+    int n_reported = 0;
+    for (int i = 0; i < n; i++) {
+        if (j->reported[i]) { n_reported++; continue; }
+        sched_task *t = &c->tasks[i];
+        sched_out *o = &j->spare[i];
+        int echo_now = j->echo && !j->started[i];
+        if (!o->n && !o->len && !fin[i] && !echo_now) continue;
+        j->started[i] = 1;
+        if (fin[i] == SCHED_FINISH_ERROR || (fin[i] == SCHED_FINISH_ABORT && t->error[0])) {
+            size_t el = 0;
+            char *ej = api_error_json(fin[i] == SCHED_FINISH_ERROR ? 500 : 503, t->error, &el);
+            if (ej) {
+                api_buf_put(out, "data: ", 6);
+                api_buf_put(out, ej, el);
+                api_buf_put(out, "\n\n", 2);
+                free(ej);
+            }
+        } else if (j->kind == API_GENERATE) {
+            cJSON *ev = cJSON_CreateObject();
+            add_text(ev, "text", o->text, o->len);
+            cJSON_AddItemToObject(ev, "tokens", cJSON_CreateIntArray((const int *)o->ids, o->n));
+            if (j->logprobs) cJSON_AddItemToObject(ev, "logprobs", generate_logprobs(o, t->n_top));
+            if (fin[i]) {
+                cJSON_AddStringToObject(ev, "finish_reason", finish_name(j->kind, fin[i]));
+                cJSON_AddItemToObject(ev, "usage", usage(t->n_prompt, t->n_gen));
+                cJSON_AddItemToObject(ev, "timings", timings(t));
+                cJSON_AddNumberToObject(ev, "seed", (double)t->seed);
+            }
+            sse(out, ev);
+        } else {
+            cJSON *ev = oa_envelope(j), *choices = cJSON_AddArrayToObject(ev, "choices"), *ch = cJSON_CreateObject();
+            cJSON_AddNumberToObject(ch, "index", i);
+            const char *echo = echo_now ? j->echo_text[i / j->n] : "";
+            size_t el = strlen(echo);
+            char *text = malloc(el + o->len + 1);
+            if (text) {
+                memcpy(text, echo, el);
+                if (o->len) memcpy(text + el, o->text, o->len);
+            }
+            add_text(ch, "text", text, text ? el + o->len : 0);
+            free(text);
+            if (j->logprobs) {
+                oa_logprobs l;
+                oa_init(&l);
+                if (echo_now) oa_add_prompt(ctx, &l, t, &j->text_off[i]);
+                oa_add_out(ctx, &l, o, t->n_top, &j->text_off[i]);
+                cJSON_AddItemToObject(ch, "logprobs", l.obj);
+            } else {
+                cJSON_AddNullToObject(ch, "logprobs");
+            }
+            if (fin[i]) cJSON_AddStringToObject(ch, "finish_reason", finish_name(j->kind, fin[i]));
+            else cJSON_AddNullToObject(ch, "finish_reason");
+            cJSON_AddItemToArray(choices, ch);
+            sse(out, ev);
+        }
+        o->len = 0;
+        o->n = 0;
+        if (fin[i]) { j->reported[i] = 1; n_reported++; }
+    }
+    if (n_reported == n) {
+        if (j->kind == API_COMPLETIONS && j->include_usage) {
+            long np = 0, ng = 0;
+            for (int i = 0; i < n; i++) {
+                if (i % j->n == 0) np += c->tasks[i].n_prompt;
+                ng += c->tasks[i].n_gen;
+            }
+            cJSON *ev = oa_envelope(j);
+            cJSON_AddArrayToObject(ev, "choices");
+            cJSON_AddItemToObject(ev, "usage", usage(np, ng));
+            sse(out, ev);
+        }
+        api_buf_put(out, "data: [DONE]\n\n", 14);
+        j->ended = 1;
+        return 1;
+    }
+    if (out->len == before && heartbeat) api_buf_put(out, ": keep-alive\n\n", 14);
+    return 0;
+}
+
+/* ---- small endpoints ---- */
+
+static cJSON *parse_object(const char *body, size_t len, api_error *e)
+{
+    cJSON *o = cJSON_ParseWithLength(body, len);
+    if (!o) { fail(e, 400, "malformed JSON in the request body"); return NULL; }
+    if (!cJSON_IsObject(o)) { cJSON_Delete(o); fail(e, 400, "the request body must be a JSON object"); return NULL; }
+    return o;
+}
+
+char *api_tokenize(const api_ctx *ctx, const char *body, size_t len, api_error *e, size_t *out_len)
+{
+    cJSON *o = parse_object(body, len, e);
+    if (!o) return NULL;
+    int add_bos = 1, with_pieces = 0;
+    cJSON *text = field(o, "text");
+    if (!text) text = field(o, "prompt");
+    if (!text) text = field(o, "content");
+    char *res = NULL;
+    int32_t *ids = NULL;
+    int n = 0;
+    if (get_bool(o, "add_bos", &add_bos, e) || get_bool(o, "with_pieces", &with_pieces, e)) goto out;
+    if (!text || !cJSON_IsString(text)) { fail(e, 400, "\"text\" must be a string"); goto out; }
+    if (encode(ctx, text->valuestring, add_bos, &ids, &n, e)) goto out;
+    cJSON *r = cJSON_CreateObject();
+    cJSON_AddItemToObject(r, "tokens", cJSON_CreateIntArray((const int *)ids, n));
+    cJSON_AddNumberToObject(r, "count", n);
+    if (with_pieces) {
+        cJSON *p = cJSON_AddArrayToObject(r, "pieces");
+        for (int i = 0; i < n; i++) {
+            const char *s = tok_id_to_piece(ctx->tok, ids[i]);
+            char *clean = utf8_clean(s ? s : "", s ? strlen(s) : 0);
+            cJSON_AddItemToArray(p, cJSON_CreateString(clean ? clean : ""));
+            free(clean);
+        }
+    }
+    res = print_json(r, out_len);
+out:
+    free(ids);
+    cJSON_Delete(o);
+    return res;
+}
+
+char *api_detokenize(const api_ctx *ctx, const char *body, size_t len, api_error *e, size_t *out_len)
+{
+    cJSON *o = parse_object(body, len, e);
+    if (!o) return NULL;
+    char *res = NULL, *text = NULL, err[256];
+    int32_t *ids = NULL;
+    int n = 0;
+    cJSON *t = field(o, "tokens");
+    if (!t || !cJSON_IsArray(t)) { fail(e, 400, "\"tokens\" must be an array of token ids"); goto out; }
+    if (get_tokens(ctx, t, "tokens", &ids, &n, e)) goto out;
+    if (tok_decode(ctx->tok, ids, n, &text, err, sizeof err) != 0) { fail(e, 400, "\"tokens\": %s", err); goto out; }
+    cJSON *r = cJSON_CreateObject();
+    add_text(r, "text", text, strlen(text));
+    res = print_json(r, out_len);
+out:
+    free(ids);
+    free(text);
+    cJSON_Delete(o);
+    return res;
+}
+
+char *api_models(const api_ctx *ctx, size_t *out_len)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "object", "list");
+    cJSON *data = cJSON_AddArrayToObject(o, "data"), *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "id", ctx->model_name);
+    cJSON_AddStringToObject(m, "object", "model");
+    cJSON_AddNumberToObject(m, "created", (double)(long)srv_wall());
+    cJSON_AddStringToObject(m, "owned_by", "kda");
+    cJSON_AddNumberToObject(m, "max_model_len", ctx->max_seq_len);
+    cJSON_AddItemToArray(data, m);
+    return print_json(o, out_len);
+}

@@ -1,0 +1,76 @@
+/*
+ * api.h - the JSON side of each endpoint: parse and validate request bodies
+ * into scheduler tasks, render results (whole bodies or SSE chunks).
+ * Nothing here knows about sockets or libmicrohttpd; every function runs on
+ * an HTTP thread. Validation errors name the field and its allowed range.
+ */
+#ifndef SRV_API_H
+#define SRV_API_H
+
+#include <stddef.h>
+
+#include "scheduler.h"
+#include "tokenizer.h"
+
+/* What the endpoints need to know about the loaded model. Set once before
+ * the server reports ready; read-only afterwards. */
+typedef struct {
+    const tok_tokenizer *tok;
+    int vocab_size;
+    int bos_id, eos_id;     /* -1: none */
+    int max_seq_len;
+    const char *model_name; /* served in /v1/models and responses */
+    int max_tasks;          /* sequences one request may create (prompts x n) */
+} api_ctx;
+
+typedef struct {
+    int status;             /* HTTP status */
+    char message[400];
+} api_error;
+
+enum { API_GENERATE, API_SCORE, API_COMPLETIONS };
+
+typedef struct { char *p; size_t len, cap; } api_buf;
+int api_buf_put(api_buf *b, const char *s, size_t n);
+void api_buf_free(api_buf *b);
+
+typedef struct api_job api_job;
+struct api_job {
+    int kind;
+    int stream, echo, include_usage;
+    int n;                  /* choices per prompt (completions) */
+    int n_inputs;           /* prompts, or texts to score */
+    int single;             /* score: "text"/"tokens" rather than "texts" */
+    int logprobs;           /* report log-probs of generated ids */
+    int n_top;              /* alternatives per id */
+    char **echo_text;       /* [n_inputs] prompt text for echo */
+    char id[48];
+    long created;
+    sched_client *client;   /* n_inputs * n tasks, prompt-major */
+    sched_out *spare;       /* [n_tasks] drained output (streaming) */
+    int *reported;          /* [n_tasks] final chunk rendered */
+    int *started;           /* [n_tasks] first chunk rendered (echo) */
+    size_t *text_off;       /* [n_tasks] characters streamed so far (logprobs text_offset) */
+    int ended;              /* the last SSE event has been rendered */
+    const api_ctx *ctx;
+};
+
+/* Parses a request body of the given kind into a job whose client is ready
+ * to submit. Returns 0, or -1 with e filled. */
+int api_parse(const api_ctx *ctx, int kind, const char *body, size_t len, api_job **out, api_error *e);
+void api_job_free(api_job *j);
+
+/* The whole response of a finished job; *status is its HTTP status (a task
+ * that failed or was aborted turns the response into an error). */
+char *api_render(api_job *j, int *status, size_t *len);
+/* Appends the SSE events for whatever the scheduler produced since the last
+ * call (or a heartbeat comment). Returns 1 once "data: [DONE]" is appended. */
+int api_render_stream(api_job *j, api_buf *out);
+
+char *api_error_json(int status, const char *message, size_t *len);
+/* Small endpoints: return a body or NULL with e filled. */
+char *api_tokenize(const api_ctx *ctx, const char *body, size_t len, api_error *e, size_t *out_len);
+char *api_detokenize(const api_ctx *ctx, const char *body, size_t len, api_error *e, size_t *out_len);
+char *api_models(const api_ctx *ctx, size_t *out_len);
+
+#endif

@@ -1,0 +1,34 @@
+/*
+ * http.h - libmicrohttpd glue: listening, routing, API keys, body limits,
+ * and the suspend/resume dance that lets a request wait for the scheduler
+ * without holding an HTTP thread.
+ */
+#ifndef SRV_HTTP_H
+#define SRV_HTTP_H
+
+#include <stddef.h>
+
+#include "api.h"
+#include "scheduler.h"
+
+typedef struct {
+    const char *host;
+    int port;               /* 0: any free port (the log says which) */
+    int threads;            /* polling threads */
+    const char *api_key;    /* NULL: no auth */
+    size_t max_body;        /* bytes; larger bodies get 413 */
+} http_opts;
+
+typedef struct http_server http_server;
+
+/* Starts listening; every route but /health and /metrics answers 503 until
+ * http_set_ready. *port receives the bound port. */
+int http_start(http_server **out, const http_opts *o, int *port, char *err, size_t errlen);
+/* ctx and s must outlive the server. */
+void http_set_ready(http_server *h, const api_ctx *ctx, sched *s);
+/* Stops accepting connections; requests on open ones get 503. */
+void http_drain(http_server *h);
+int http_jobs(http_server *h);     /* requests waiting on the scheduler */
+void http_stop(http_server *h);
+
+#endif

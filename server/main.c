@@ -1,0 +1,315 @@
+/*
+ * main.c - kda-server: flags, startup, signals, shutdown.
+ *
+ * Startup order: listen first (a busy port fails in milliseconds, and
+ * /health can say "loading" while the weights load), then the tokenizer and
+ * the engine, then the scheduler thread, then ready.
+ * Shutdown (SIGTERM/SIGINT): stop accepting, let running requests finish
+ * for --grace-seconds, abort what is left, exit 0. A second signal skips the
+ * rest of the grace period.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "api.h"
+#include "engine.h"
+#include "http.h"
+#include "log.h"
+#include "scheduler.h"
+#include "tokenizer.h"
+
+#ifndef KDA_DEFAULT_MODEL
+#define KDA_DEFAULT_MODEL "models/demo"
+#endif
+
+typedef struct {
+    const char *model, *model_name, *host, *device, *api_key, *api_key_file;
+    int port, max_batch, max_queue, max_seq_len, threads, http_threads, step_tokens, prefill_chunk;
+    double grace_s, heartbeat_s;
+    long max_body;
+} flags;
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+        "usage: kda-server [options]\n"
+        "\n"
+        "  --model DIR            checkpoint directory (default: $KDA_MODEL, else %s)\n"
+        "  --model-name NAME      name served by /v1/models (default: the directory's name)\n"
+        "  --host ADDR            address to listen on (default 127.0.0.1)\n"
+        "  --port N               port, 0 = any free one (default 8080)\n"
+        "  --device cpu|cuda|auto engine device (default cpu)\n"
+        "  --max-batch N          sequences decoded together (default 32)\n"
+        "  --max-queue N          sequences waiting for a slot before 503 (default 256)\n"
+        "  --max-seq-len N        per-sequence context, prompt + generated (default: the model's)\n"
+        "  --threads N            engine CPU threads, 0 = all cores (default 0)\n"
+        "  --http-threads N       HTTP polling threads (default 4)\n"
+        "  --step-tokens N        token budget of one engine step (default 512)\n"
+        "  --prefill-chunk N      prompt tokens per sequence per step (default 128)\n"
+        "  --max-body-bytes N     request bodies above this get 413 (default 8388608)\n"
+        "  --heartbeat-seconds S  keep-alive comment on idle streams (default 15, 0 = off)\n"
+        "  --grace-seconds S      on SIGTERM/SIGINT, time given to running requests (default 30)\n"
+        "  --api-key KEY          require \"Authorization: Bearer KEY\" (not on /health, /metrics)\n"
+        "  --api-key-file PATH    same, key read from the file's first line\n"
+        "  --log-level L          error|warn|info|debug (default info)\n"
+        "  --help                 this text\n", KDA_DEFAULT_MODEL);
+}
+
+static int parse_long(const char *flag, const char *s, long lo, long hi, long *v)
+{
+    char *end;
+    errno = 0;
+    long x = strtol(s, &end, 10);
+    if (errno || *end || end == s || x < lo || x > hi) {
+        fprintf(stderr, "kda-server: %s must be an integer in [%ld, %ld], got \"%s\"\n", flag, lo, hi, s);
+        return -1;
+    }
+    *v = x;
+    return 0;
+}
+
+static int parse_double(const char *flag, const char *s, double lo, double hi, double *v)
+{
+    char *end;
+    double x = strtod(s, &end);
+    if (*end || end == s || !(x >= lo && x <= hi)) {
+        fprintf(stderr, "kda-server: %s must be a number in [%g, %g], got \"%s\"\n", flag, lo, hi, s);
+        return -1;
+    }
+    *v = x;
+    return 0;
+}
+
+/* Returns 0 to run, 1 to exit 0 (--help), -1 to exit 2. */
+static int parse_flags(int argc, char **argv, flags *f)
+{
+    *f = (flags){.host = "127.0.0.1", .device = "cpu", .port = 8080, .max_batch = 32, .max_queue = 256,
+                 .http_threads = 4, .step_tokens = 512, .prefill_chunk = 128, .grace_s = 30,
+                 .heartbeat_s = 15, .max_body = 8 << 20};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); return 1; }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "kda-server: unknown flag or missing value: %s (see --help)\n", a);
+            return -1;
+        }
+        const char *v = argv[++i];
+        long x = 0;
+        int rc = 0;
+        if (!strcmp(a, "--model")) f->model = v;
+        else if (!strcmp(a, "--model-name")) f->model_name = v;
+        else if (!strcmp(a, "--host")) f->host = v;
+        else if (!strcmp(a, "--device")) {
+            if (strcmp(v, "cpu") && strcmp(v, "cuda") && strcmp(v, "auto")) {
+                fprintf(stderr, "kda-server: --device must be cpu, cuda or auto, got \"%s\"\n", v);
+                return -1;
+            }
+            f->device = v;
+        }
+        else if (!strcmp(a, "--api-key")) f->api_key = v;
+        else if (!strcmp(a, "--api-key-file")) f->api_key_file = v;
+        else if (!strcmp(a, "--log-level")) {
+            int l = srv_log_parse_level(v);
+            if (l < 0) { fprintf(stderr, "kda-server: --log-level must be error, warn, info or debug\n"); return -1; }
+            srv_log_level = l;
+        }
+        else if (!strcmp(a, "--port")) { rc = parse_long(a, v, 0, 65535, &x); f->port = (int)x; }
+        else if (!strcmp(a, "--max-batch")) { rc = parse_long(a, v, 1, 4096, &x); f->max_batch = (int)x; }
+        else if (!strcmp(a, "--max-queue")) { rc = parse_long(a, v, 1, 1 << 20, &x); f->max_queue = (int)x; }
+        else if (!strcmp(a, "--max-seq-len")) { rc = parse_long(a, v, 0, INT_MAX, &x); f->max_seq_len = (int)x; }
+        else if (!strcmp(a, "--threads")) { rc = parse_long(a, v, 0, 1024, &x); f->threads = (int)x; }
+        else if (!strcmp(a, "--http-threads")) { rc = parse_long(a, v, 1, 256, &x); f->http_threads = (int)x; }
+        else if (!strcmp(a, "--step-tokens")) { rc = parse_long(a, v, 1, 1 << 20, &x); f->step_tokens = (int)x; }
+        else if (!strcmp(a, "--prefill-chunk")) { rc = parse_long(a, v, 1, 1 << 16, &x); f->prefill_chunk = (int)x; }
+        else if (!strcmp(a, "--max-body-bytes")) { rc = parse_long(a, v, 1024, 1L << 32, &x); f->max_body = x; }
+        else if (!strcmp(a, "--grace-seconds")) rc = parse_double(a, v, 0, 86400, &f->grace_s);
+        else if (!strcmp(a, "--heartbeat-seconds")) rc = parse_double(a, v, 0, 3600, &f->heartbeat_s);
+        else {
+            fprintf(stderr, "kda-server: unknown flag %s (see --help)\n", a);
+            return -1;
+        }
+        if (rc) return -1;
+    }
+    return 0;
+}
+
+static char *read_key_file(const char *path)
+{
+    FILE *fp = fopen(path, "r");
+    if (!fp) {
+        fprintf(stderr, "kda-server: --api-key-file %s: %s\n", path, strerror(errno));
+        return NULL;
+    }
+    char line[1024];
+    char *key = NULL;
+    if (fgets(line, sizeof line, fp)) {
+        line[strcspn(line, "\r\n")] = '\0';
+        if (line[0]) key = strdup(line);
+    }
+    fclose(fp);
+    if (!key) fprintf(stderr, "kda-server: --api-key-file %s: the first line is empty\n", path);
+    return key;
+}
+
+static int is_dir(const char *p)
+{
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+/* Last path component, trailing slashes ignored. */
+static void base_name(const char *path, char *out, size_t cap)
+{
+    size_t n = strlen(path);
+    while (n > 1 && path[n - 1] == '/') n--;
+    size_t s = n;
+    while (s > 0 && path[s - 1] != '/') s--;
+    snprintf(out, cap, "%.*s", (int)(n - s), path + s);
+}
+
+static void log_model(const char *dir, const kda_model_info *in, int max_batch)
+{
+    int n_kda = 0;
+    for (int l = 0; l < in->n_layers && l < KDA_MAX_LAYERS; l++) n_kda += in->layer_kind[l] == KDA_LAYER_KDA;
+    srv_log(SRV_LOG_INFO, "loaded %s: family %s, %d layers (%d KDA + %d GQA), d_model %d, vocab %d, %.2fM params",
+            dir, in->family_name, in->n_layers, n_kda, in->n_layers - n_kda, in->d_model, in->vocab_size,
+            (double)in->n_params / 1e6);
+    srv_log(SRV_LOG_INFO, "memory: weights %.1f MiB, state %.1f KiB/seq + KV %.1f KiB/token, pool %.1f MiB; "
+            "device %s, max_seq_len %d, %d sequence slots (max batch %d)",
+            (double)in->weight_bytes / 1048576.0, (double)in->state_bytes_per_seq / 1024.0,
+            (double)in->kv_bytes_per_token / 1024.0, (double)in->pool_bytes / 1048576.0, in->device_name,
+            in->max_seq_len, in->max_seqs, max_batch);
+}
+
+/* Waits up to seconds for SIGINT/SIGTERM; returns the signal or 0. */
+static int wait_signal(const sigset_t *set, double seconds)
+{
+    struct timespec ts = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
+    int sig = sigtimedwait(set, NULL, &ts);
+    return sig > 0 ? sig : 0;
+}
+
+int main(int argc, char **argv)
+{
+    flags f;
+    int pr = parse_flags(argc, argv, &f);
+    if (pr) return pr > 0 ? 0 : 2;
+
+    const char *model = f.model ? f.model : getenv("KDA_MODEL") && *getenv("KDA_MODEL") ? getenv("KDA_MODEL")
+                                                                                       : KDA_DEFAULT_MODEL;
+    if (!is_dir(model)) {
+        if (f.model) fprintf(stderr, "kda-server: --model %s is not a directory\n", model);
+        else fprintf(stderr, "kda-server: no model at %s (the default); pass --model DIR or set KDA_MODEL\n", model);
+        return 1;
+    }
+    char *key = NULL;
+    if (f.api_key_file) {
+        key = read_key_file(f.api_key_file);
+        if (!key) return 2;
+    } else if (f.api_key) {
+        key = strdup(f.api_key);
+    }
+    char name[256];
+    if (f.model_name) snprintf(name, sizeof name, "%s", f.model_name);
+    else base_name(model, name, sizeof name);
+
+    /* Every thread created from here on inherits the blocked set, so the
+     * signals are only ever taken by sigtimedwait below. */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    char err[512] = "";
+    int port = 0, rc = 1;
+    http_server *h = NULL;
+    tok_tokenizer *tok = NULL;
+    kda_engine *e = NULL;
+    sched *s = NULL;
+    http_opts ho = {.host = f.host, .port = f.port, .threads = f.http_threads, .api_key = key,
+                    .max_body = (size_t)f.max_body};
+    if (http_start(&h, &ho, &port, err, sizeof err)) {
+        srv_log(SRV_LOG_ERROR, "%s", err);
+        goto out;
+    }
+    srv_log(SRV_LOG_INFO, "listening on http://%s%s%s:%d (loading %s)", strchr(f.host, ':') ? "[" : "", f.host,
+            strchr(f.host, ':') ? "]" : "", port, model);
+
+    double t0 = srv_now();
+    if (tok_open_dir(&tok, model, err, sizeof err)) {
+        srv_log(SRV_LOG_ERROR, "tokenizer: %s", err);
+        goto out;
+    }
+    kda_engine_opts eo = {.model_dir = model, .device = f.device, .threads = f.threads, .max_seqs = f.max_batch,
+                          .max_seq_len = f.max_seq_len, .verbose = srv_log_level >= SRV_LOG_DEBUG};
+    int erc = kda_engine_open(&e, &eo, err, sizeof err);
+    if (erc) {
+        srv_log(SRV_LOG_ERROR, "engine: %s (%s)", err, kda_strerror(erc));
+        goto out;
+    }
+    const kda_model_info *info = kda_engine_info(e);
+    if (tok_vocab_size(tok) != info->vocab_size) {
+        srv_log(SRV_LOG_ERROR, "the tokenizer has %d ids but the model's vocab_size is %d (%s)",
+                tok_vocab_size(tok), info->vocab_size, model);
+        goto out;
+    }
+    log_model(model, info, f.max_batch);
+    srv_log(SRV_LOG_INFO, "loaded in %.2fs", srv_now() - t0);
+
+    /* BOS comes from the tokenizer (a byte tokenizer has none, whatever
+     * config.json says), EOS from the model config: the same choice as
+     * kda-cli, so greedy output matches it. */
+    int bos = tok_bos_id(tok);
+    int eos = info->eos_id >= 0 && info->eos_id < info->vocab_size ? info->eos_id : tok_eos_id(tok);
+    api_ctx ctx = {.tok = tok, .vocab_size = info->vocab_size, .bos_id = bos, .eos_id = eos,
+                   .max_seq_len = info->max_seq_len, .model_name = name, .max_tasks = f.max_queue};
+    int max_batch = f.max_batch < info->max_seqs ? f.max_batch : info->max_seqs;
+    sched_opts so = {.max_batch = max_batch, .max_queue = f.max_queue, .step_tokens = f.step_tokens,
+                     .prefill_chunk = f.prefill_chunk, .heartbeat_s = f.heartbeat_s, .max_pending = 4u << 20};
+    if (sched_start(&s, e, tok, &so, err, sizeof err)) {
+        srv_log(SRV_LOG_ERROR, "scheduler: %s", err);
+        goto out;
+    }
+    http_set_ready(h, &ctx, s);
+    srv_log(SRV_LOG_INFO, "ready: model \"%s\", max batch %d, queue %d, step budget %d tokens, API key %s",
+            name, max_batch, f.max_queue, f.step_tokens, key ? "required" : "off");
+
+    int sig;
+    while (!(sig = wait_signal(&sigs, 3600))) {}
+    srv_log(SRV_LOG_INFO, "%s: draining (grace %.0fs, %d sequences pending)", sig == SIGINT ? "SIGINT" : "SIGTERM",
+            f.grace_s, sched_pending(s));
+    sched_close_admission(s);
+    http_drain(h);
+    double deadline = srv_now() + f.grace_s;
+    while (sched_pending(s) > 0 && srv_now() < deadline) {
+        if (wait_signal(&sigs, 0.05)) {
+            srv_log(SRV_LOG_WARN, "second signal: not waiting for the grace period");
+            break;
+        }
+    }
+    if (sched_pending(s) > 0) {
+        srv_log(SRV_LOG_WARN, "aborting %d sequences still pending", sched_pending(s));
+        sched_cancel_all(s);
+    }
+    /* Let aborted and finished responses reach their clients before the
+     * daemon goes; a client that does not read is cut off after 2 s. */
+    deadline = srv_now() + 2;
+    while (http_jobs(h) > 0 && srv_now() < deadline) wait_signal(&sigs, 0.01);
+    rc = 0;
+out:
+    http_stop(h);        /* first: no HTTP thread may touch the scheduler after this */
+    sched_stop(s);
+    if (e) kda_engine_close(e);
+    if (tok) tok_close(tok);
+    free(key);
+    if (rc == 0) srv_log(SRV_LOG_INFO, "bye");
+    return rc;
+}

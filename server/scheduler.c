@@ -1,0 +1,725 @@
+/*
+ * scheduler.c - the scheduler thread (see scheduler.h for the contract).
+ *
+ * One loop iteration = one step boundary:
+ *   1. take newly submitted tasks into the FIFO wait list;
+ *   2. drop sequences whose client went away (or everything, at shutdown);
+ *   3. admit waiting tasks while the batch and the engine have room;
+ *   4. build ONE kda_engine_step: one token for every decoding sequence,
+ *      then prompt chunks (oldest first) while the token budget lasts;
+ *   5. turn sampled ids into text, apply stop strings, append the output to
+ *      each task and wake its HTTP connection.
+ * Prompt chunks are cut at fixed offsets (multiples of prefill_chunk) no
+ * matter what else runs, so a request's arithmetic, and therefore its
+ * sampled output for a given seed, does not depend on its neighbours.
+ */
+#include "scheduler.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "metrics.h"
+
+typedef struct run_seq run_seq;
+struct run_seq {
+    run_seq *next;              /* wait-list link */
+    sched_client *c;
+    sched_task *t;
+    int seq;                    /* engine sequence id, -1 until admitted */
+    int n_done;                 /* prompt tokens consumed */
+    int32_t *gen; int n_gen;    /* [max_tokens] generated ids */
+    kda_sampling samp;
+    tok_stream *ts;
+    tok_stopper *stopper;       /* NULL without stop strings */
+    int32_t sampled;            /* engine outputs of the current step */
+    float sampled_lp;
+    int32_t *top_ids;           /* [n_top] */
+    float *top_lps;             /* [n_top] */
+    double t_last;              /* last emitted id, for inter-token latency */
+    int finish;                 /* set during a step; the seq is removed after it */
+    char error[256];
+};
+
+struct sched {
+    kda_engine *e;
+    const tok_tokenizer *tok;
+    const kda_model_info *info;
+    sched_opts o;
+    pthread_t thread;
+
+    pthread_mutex_t mu;         /* guards the fields up to the next comment */
+    pthread_cond_t cv;
+    run_seq *in_head, *in_tail; /* submitted, not yet taken by the thread */
+    int n_queued;               /* submitted or waiting, not admitted */
+    int n_running;
+    int closed, stop, cancel_all;
+
+    /* scheduler-thread private */
+    run_seq *wait_head, *wait_tail;
+    run_seq **running;          /* [max_batch], admission order */
+    int n_run;
+    kda_batch_item *items;      /* [max_batch] */
+    run_seq **item_seq;         /* [max_batch] */
+    int32_t *targets;           /* [max_batch * prefill_chunk] */
+    float *logits;              /* [prefill_chunk * vocab], lazily: prompt top-n only */
+    sched_client **wake;        /* clients to wake after this iteration, one ref each */
+    int n_wake, wake_cap;
+    char *emit; size_t emit_len, emit_cap;  /* text of one token, stop strings applied */
+    double last_hb_scan;
+};
+
+/* ---- client ---- */
+
+sched_client *sched_client_new(int n_tasks)
+{
+    sched_client *c = calloc(1, sizeof *c);
+    if (!c) return NULL;
+    c->tasks = calloc((size_t)n_tasks, sizeof *c->tasks);
+    if (!c->tasks) { free(c); return NULL; }
+    pthread_mutex_init(&c->mu, NULL);
+    c->n_tasks = n_tasks;
+    c->refs = 1;
+    for (int i = 0; i < n_tasks; i++) c->tasks[i].eos_id = -1;
+    return c;
+}
+
+void sched_client_ref(sched_client *c)
+{
+    pthread_mutex_lock(&c->mu);
+    c->refs++;
+    pthread_mutex_unlock(&c->mu);
+}
+
+void sched_out_free(sched_out *o)
+{
+    free(o->text); free(o->ids); free(o->lps); free(o->top_ids); free(o->top_lps);
+    memset(o, 0, sizeof *o);
+}
+
+void sched_client_unref(sched_client *c)
+{
+    pthread_mutex_lock(&c->mu);
+    int left = --c->refs;
+    pthread_mutex_unlock(&c->mu);
+    if (left) return;
+    for (int i = 0; i < c->n_tasks; i++) {
+        sched_task *t = &c->tasks[i];
+        free(t->prompt);
+        for (int k = 0; k < t->n_stops; k++) free(t->stops[k]);
+        free(t->stops);
+        sched_out_free(&t->out);
+        free(t->prompt_lps); free(t->prompt_top_ids); free(t->prompt_top_lps);
+    }
+    free(c->tasks);
+    pthread_mutex_destroy(&c->mu);
+    free(c);
+}
+
+void sched_client_cancel(sched_client *c)
+{
+    pthread_mutex_lock(&c->mu);
+    c->cancelled = 1;
+    pthread_mutex_unlock(&c->mu);
+}
+
+int sched_out_text(sched_out *o, const char *s, size_t n)
+{
+    if (o->len + n > o->text_cap) {
+        size_t cap = o->text_cap ? o->text_cap : 256;
+        while (cap < o->len + n) cap *= 2;
+        char *p = realloc(o->text, cap);
+        if (!p) return -1;
+        o->text = p;
+        o->text_cap = cap;
+    }
+    memcpy(o->text + o->len, s, n);
+    o->len += n;
+    return 0;
+}
+
+static int out_token(sched_out *o, int n_top, int32_t id, float lp, const int32_t *top_ids, const float *top_lps)
+{
+    if (o->n == o->cap) {
+        int cap = o->cap ? o->cap * 2 : 16;
+        int32_t *ids = realloc(o->ids, (size_t)cap * sizeof *ids);
+        if (ids) o->ids = ids;
+        float *lps = realloc(o->lps, (size_t)cap * sizeof *lps);
+        if (lps) o->lps = lps;
+        if (!ids || !lps) return -1;
+        if (n_top) {
+            int32_t *ti = realloc(o->top_ids, (size_t)cap * (size_t)n_top * sizeof *ti);
+            if (ti) o->top_ids = ti;
+            float *tl = realloc(o->top_lps, (size_t)cap * (size_t)n_top * sizeof *tl);
+            if (tl) o->top_lps = tl;
+            if (!ti || !tl) return -1;
+        }
+        o->cap = cap;
+    }
+    o->ids[o->n] = id;
+    o->lps[o->n] = lp;
+    if (n_top) {
+        memcpy(o->top_ids + (size_t)o->n * (size_t)n_top, top_ids, (size_t)n_top * sizeof *top_ids);
+        memcpy(o->top_lps + (size_t)o->n * (size_t)n_top, top_lps, (size_t)n_top * sizeof *top_lps);
+    }
+    o->n++;
+    return 0;
+}
+
+/* ---- wake list ---- */
+
+static void wake_add(sched *s, sched_client *c)
+{
+    for (int i = 0; i < s->n_wake; i++)
+        if (s->wake[i] == c) return;
+    if (s->n_wake == s->wake_cap) {
+        int cap = s->wake_cap ? s->wake_cap * 2 : 64;
+        sched_client **w = realloc(s->wake, (size_t)cap * sizeof *w);
+        if (!w) return;   /* the client is woken by a later event or its heartbeat */
+        s->wake = w;
+        s->wake_cap = cap;
+    }
+    sched_client_ref(c);
+    s->wake[s->n_wake++] = c;
+}
+
+static void wake_flush(sched *s)
+{
+    for (int i = 0; i < s->n_wake; i++) {
+        sched_client *c = s->wake[i];
+        if (c->wake) c->wake(c);
+        sched_client_unref(c);
+    }
+    s->n_wake = 0;
+}
+
+/* ---- sequences ---- */
+
+static void run_seq_free(run_seq *r)
+{
+    if (!r) return;
+    tok_stream_free(r->ts);
+    if (r->stopper) tok_stopper_free(r->stopper);
+    free(r->gen); free(r->top_ids); free(r->top_lps);
+    free(r);
+}
+
+static run_seq *run_seq_new(const tok_tokenizer *tok, sched_client *c, sched_task *t)
+{
+    run_seq *r = calloc(1, sizeof *r);
+    if (!r) return NULL;
+    r->c = c;
+    r->t = t;
+    r->seq = -1;
+    r->gen = malloc((size_t)(t->max_tokens > 0 ? t->max_tokens : 1) * sizeof *r->gen);
+    r->top_ids = malloc((size_t)(t->n_top > 0 ? t->n_top : 1) * sizeof *r->top_ids);
+    r->top_lps = malloc((size_t)(t->n_top > 0 ? t->n_top : 1) * sizeof *r->top_lps);
+    r->ts = tok_stream_new(tok);
+    if (t->n_stops) r->stopper = tok_stopper_new((const char *const *)t->stops, t->n_stops);
+    if (t->prompt_logprobs) {
+        t->prompt_lps = calloc((size_t)t->n_prompt, sizeof *t->prompt_lps);
+        if (t->n_top) {
+            t->prompt_top_ids = calloc((size_t)t->n_prompt * (size_t)t->n_top, sizeof *t->prompt_top_ids);
+            t->prompt_top_lps = calloc((size_t)t->n_prompt * (size_t)t->n_top, sizeof *t->prompt_top_lps);
+        }
+    }
+    if (!r->gen || !r->top_ids || !r->top_lps || !r->ts || (t->n_stops && !r->stopper) ||
+        (t->prompt_logprobs && !t->prompt_lps) ||
+        (t->prompt_logprobs && t->n_top && (!t->prompt_top_ids || !t->prompt_top_lps))) {
+        run_seq_free(r);
+        return NULL;
+    }
+    r->samp = (kda_sampling){
+        .temperature = t->temperature, .top_k = t->top_k, .top_p = t->top_p, .min_p = t->min_p,
+        .repetition_penalty = t->repetition_penalty, .presence_penalty = t->presence_penalty,
+        .frequency_penalty = t->frequency_penalty, .seed = t->seed,
+        .prompt_tokens = t->prompt, .n_prompt = t->n_prompt, .gen_tokens = r->gen, .n_gen = 0,
+    };
+    return r;
+}
+
+/* Publishes the end of a task and schedules its wake-up. The engine
+ * sequence is released by the caller (reap). */
+static void task_finish(sched *s, run_seq *r, int finish, const char *error)
+{
+    sched_task *t = r->t;
+    sched_client *c = r->c;
+    pthread_mutex_lock(&c->mu);
+    if (!t->finish) {
+        t->finish = finish;
+        t->t_end = srv_now();
+        if (error) snprintf(t->error, sizeof t->error, "%s", error);
+        c->n_finished++;
+        c->dirty = 1;
+    }
+    pthread_mutex_unlock(&c->mu);
+    r->finish = finish;
+    if (finish == SCHED_FINISH_ABORT) metrics_cancelled();
+    wake_add(s, c);
+}
+
+/* Frees a finished sequence and the scheduler's reference to its client. */
+static void run_seq_release(sched *s, run_seq *r)
+{
+    if (r->seq >= 0) kda_seq_free(s->e, r->seq);
+    sched_client_unref(r->c);
+    run_seq_free(r);
+}
+
+static int emit_put(sched *s, const char *p, size_t n)
+{
+    if (!n) return 0;
+    if (s->emit_len + n > s->emit_cap) {
+        size_t cap = s->emit_cap ? s->emit_cap : 256;
+        while (cap < s->emit_len + n) cap *= 2;
+        char *e = realloc(s->emit, cap);
+        if (!e) return -1;
+        s->emit = e;
+        s->emit_cap = cap;
+    }
+    memcpy(s->emit + s->emit_len, p, n);
+    s->emit_len += n;
+    return 0;
+}
+
+/* Text through the stop-string filter into s->emit; returns 1 once stopped. */
+static int emit_text(sched *s, run_seq *r, const char *p, size_t n)
+{
+    if (!n) return 0;
+    if (!r->stopper) { emit_put(s, p, n); return 0; }
+    size_t m = 0;
+    int stopped = 0;
+    const char *safe = tok_stopper_feed(r->stopper, p, n, &m, &stopped);
+    emit_put(s, safe, m);
+    return stopped;
+}
+
+/* One sampled id: record it, detokenize, check EOS / stop strings / length. */
+static void on_token(sched *s, run_seq *r, int32_t id, float lp)
+{
+    sched_task *t = r->t;
+    double now = srv_now();
+    r->gen[r->n_gen++] = id;
+    r->samp.n_gen = r->n_gen;
+    if (r->n_gen == 1) metrics_ttft(now - t->t_submit);
+    else metrics_itl(now - r->t_last);
+    r->t_last = now;
+
+    s->emit_len = 0;
+    int finish = 0;
+    if (id == t->eos_id && !t->ignore_eos) {
+        finish = SCHED_FINISH_EOS;
+    } else {
+        size_t n = 0;
+        const char *p = tok_stream_push(r->ts, id, &n);
+        if (emit_text(s, r, p, n)) finish = SCHED_FINISH_STOP;
+    }
+    if (!finish && r->n_gen >= t->max_tokens) finish = SCHED_FINISH_LENGTH;
+    if (finish && finish != SCHED_FINISH_STOP) {
+        /* The stream may hold an incomplete UTF-8 tail, the stopper a
+         * possible stop-string prefix: both are text after all. */
+        size_t n = 0;
+        const char *p = tok_stream_flush(r->ts, &n);
+        if (emit_text(s, r, p, n)) finish = SCHED_FINISH_STOP;
+        else if (r->stopper) {
+            p = tok_stopper_flush(r->stopper, &n);
+            emit_put(s, p, n);
+        }
+    }
+
+    sched_client *c = r->c;
+    int oom = 0, slow = 0;
+    pthread_mutex_lock(&c->mu);
+    oom |= out_token(&t->out, t->n_top, id, lp, r->top_ids, r->top_lps);
+    if (s->emit_len) oom |= sched_out_text(&t->out, s->emit, s->emit_len);
+    t->n_gen = r->n_gen;
+    if (t->n_gen == 1) t->t_first = now;
+    c->dirty = 1;
+    c->last_emit = now;
+    slow = c->stream && t->out.len > s->o.max_pending;
+    pthread_mutex_unlock(&c->mu);
+    metrics_generated_tokens(1);
+
+    if (oom) task_finish(s, r, SCHED_FINISH_ERROR, "out of memory while buffering output");
+    else if (slow) task_finish(s, r, SCHED_FINISH_ABORT, "client is not reading its stream");
+    else if (finish) task_finish(s, r, finish, NULL);
+    else wake_add(s, c);
+}
+
+/* log-softmax of one row of logits, then its n best (id, log-prob). */
+static void top_n(const float *x, int vocab, int n, int32_t *ids, float *lps)
+{
+    float mx = x[0];
+    for (int v = 1; v < vocab; v++) mx = x[v] > mx ? x[v] : mx;
+    double sum = 0;
+    for (int v = 0; v < vocab; v++) sum += exp((double)(x[v] - mx));
+    float lse = mx + (float)log(sum);
+    int k = 0;
+    for (int v = 0; v < vocab; v++) {
+        float lp = x[v] - lse;
+        if (k == n && lp <= lps[n - 1]) continue;
+        int j = k < n ? k++ : n - 1;
+        while (j > 0 && lps[j - 1] < lp) { lps[j] = lps[j - 1]; ids[j] = ids[j - 1]; j--; }
+        lps[j] = lp;
+        ids[j] = v;
+    }
+}
+
+/* ---- one step ---- */
+
+static void step(sched *s)
+{
+    int n = 0, budget = s->o.step_tokens, n_tok = 0, logits_used = 0;
+    int C = s->o.prefill_chunk;
+
+    for (int i = 0; i < s->n_run; i++) {
+        run_seq *r = s->running[i];
+        if (r->n_done < r->t->n_prompt) continue;
+        s->items[n] = (kda_batch_item){
+            .seq = r->seq, .tokens = &r->gen[r->n_gen - 1], .n_tokens = 1,
+            .sampling = &r->samp, .sampled = &r->sampled, .sampled_logprob = &r->sampled_lp,
+            .n_top = r->t->n_top, .top_ids = r->top_ids, .top_logprobs = r->top_lps,
+        };
+        s->item_seq[n++] = r;
+        budget--;
+        n_tok++;
+    }
+    for (int i = 0; i < s->n_run; i++) {
+        run_seq *r = s->running[i];
+        sched_task *t = r->t;
+        if (r->n_done >= t->n_prompt) continue;
+        int chunk = t->n_prompt - r->n_done < C ? t->n_prompt - r->n_done : C;
+        /* Oldest first; a step always makes progress on at least one prompt. */
+        if (chunk > budget && n > 0) break;
+        int want_top = t->prompt_logprobs && t->n_top > 0;
+        if (want_top && logits_used) continue;   /* one such chunk per step bounds the scratch */
+        kda_batch_item *it = &s->items[n];
+        *it = (kda_batch_item){.seq = r->seq, .tokens = t->prompt + r->n_done, .n_tokens = chunk};
+        if (t->prompt_logprobs) {
+            int32_t *tg = s->targets + (size_t)n * (size_t)C;
+            for (int j = 0; j < chunk; j++) {
+                int k = r->n_done + j + 1;
+                tg[j] = k < t->n_prompt ? t->prompt[k] : -1;
+            }
+            it->targets = tg;
+            it->target_logprobs = t->prompt_lps + r->n_done;
+        }
+        if (want_top) {
+            if (!s->logits) {
+                s->logits = malloc((size_t)C * (size_t)s->info->vocab_size * sizeof *s->logits);
+                if (!s->logits) { task_finish(s, r, SCHED_FINISH_ERROR, "out of memory for prompt logits"); continue; }
+            }
+            it->logits = s->logits;
+            it->want_all_logits = 1;
+            logits_used = 1;
+        }
+        if (r->n_done + chunk == t->n_prompt && t->max_tokens > 0) {
+            it->sampling = &r->samp;
+            it->sampled = &r->sampled;
+            it->sampled_logprob = &r->sampled_lp;
+            it->n_top = t->n_top;
+            it->top_ids = r->top_ids;
+            it->top_logprobs = r->top_lps;
+        }
+        s->item_seq[n++] = r;
+        budget -= chunk;
+        n_tok += chunk;
+    }
+    if (!n) return;
+
+    char err[256] = "";
+    double t0 = srv_now();
+    int rc = kda_engine_step(s->e, s->items, n, err, sizeof err);
+    metrics_step(srv_now() - t0, n_tok, n);
+    if (rc) {
+        /* No sequence advanced; their state is unknown to us, so end them all. */
+        srv_log(SRV_LOG_ERROR, "engine step failed (%s): %s; failing %d sequences", kda_strerror(rc), err, n);
+        char msg[300];
+        snprintf(msg, sizeof msg, "engine error: %s", err);
+        for (int i = 0; i < n; i++) task_finish(s, s->item_seq[i], SCHED_FINISH_ERROR, msg);
+        return;
+    }
+
+    for (int i = 0; i < n; i++) {
+        run_seq *r = s->item_seq[i];
+        sched_task *t = r->t;
+        kda_batch_item *it = &s->items[i];
+        if (r->finish) continue;
+        if (r->n_done < t->n_prompt) {
+            if (it->want_all_logits)
+                for (int j = 0; j < it->n_tokens; j++) {
+                    size_t k = (size_t)(r->n_done + j) * (size_t)t->n_top;
+                    top_n(s->logits + (size_t)j * (size_t)s->info->vocab_size, s->info->vocab_size, t->n_top,
+                          t->prompt_top_ids + k, t->prompt_top_lps + k);
+                }
+            r->n_done += it->n_tokens;
+            if (r->n_done < t->n_prompt) continue;
+            if (t->max_tokens == 0) { task_finish(s, r, SCHED_FINISH_LENGTH, NULL); continue; }
+        }
+        on_token(s, r, r->sampled, r->sampled_lp);
+    }
+}
+
+/* ---- the loop ---- */
+
+static void reap(sched *s)
+{
+    int k = 0;
+    for (int i = 0; i < s->n_run; i++) {
+        run_seq *r = s->running[i];
+        if (r->finish) run_seq_release(s, r);
+        else s->running[k++] = r;
+    }
+    s->n_run = k;
+}
+
+/* Sequences of clients that went away, or all of them. */
+static void drop_cancelled(sched *s, int all)
+{
+    for (int i = 0; i < s->n_run; i++) {
+        run_seq *r = s->running[i];
+        pthread_mutex_lock(&r->c->mu);
+        int gone = r->c->cancelled;
+        pthread_mutex_unlock(&r->c->mu);
+        if (gone || all) task_finish(s, r, SCHED_FINISH_ABORT, all ? "server is shutting down" : NULL);
+    }
+    reap(s);
+    int dropped = 0;
+    run_seq **pp = &s->wait_head;
+    s->wait_tail = NULL;
+    while (*pp) {
+        run_seq *r = *pp;
+        pthread_mutex_lock(&r->c->mu);
+        int gone = r->c->cancelled;
+        pthread_mutex_unlock(&r->c->mu);
+        if (gone || all) {
+            *pp = r->next;
+            task_finish(s, r, SCHED_FINISH_ABORT, all ? "server is shutting down" : NULL);
+            run_seq_release(s, r);
+            dropped++;
+        } else {
+            s->wait_tail = r;
+            pp = &r->next;
+        }
+    }
+    if (dropped) {
+        pthread_mutex_lock(&s->mu);
+        s->n_queued -= dropped;
+        pthread_mutex_unlock(&s->mu);
+    }
+}
+
+static void admit(sched *s)
+{
+    int admitted = 0;
+    while (s->wait_head && s->n_run < s->o.max_batch && kda_seqs_free_slots(s->e) > 0) {
+        run_seq *r = s->wait_head;
+        char err[256] = "";
+        int rc = kda_seq_new(s->e, &r->seq, err, sizeof err);
+        if (rc == KDA_ENOMEM && s->n_run > 0) break;   /* room comes back as others finish */
+        s->wait_head = r->next;
+        if (!s->wait_head) s->wait_tail = NULL;
+        admitted++;
+        if (rc) {
+            r->seq = -1;
+            char msg[300];
+            snprintf(msg, sizeof msg, "could not start a sequence: %s", err);
+            task_finish(s, r, SCHED_FINISH_ERROR, msg);
+            run_seq_release(s, r);
+            continue;
+        }
+        pthread_mutex_lock(&r->c->mu);
+        r->t->t_admit = srv_now();
+        pthread_mutex_unlock(&r->c->mu);
+        s->running[s->n_run++] = r;
+        metrics_prompt_tokens(r->t->n_prompt);
+    }
+    pthread_mutex_lock(&s->mu);
+    s->n_queued -= admitted;
+    s->n_running = s->n_run;
+    int waiting = s->n_queued;
+    pthread_mutex_unlock(&s->mu);
+    metrics_queue(waiting, s->n_run);
+    int total = s->info->max_seqs;
+    int used = total - kda_seqs_free_slots(s->e);
+    double bytes = (double)used * (double)s->info->state_bytes_per_seq;
+    for (int i = 0; i < s->n_run; i++)
+        bytes += (double)kda_seq_len(s->e, s->running[i]->seq) * (double)s->info->kv_bytes_per_token;
+    metrics_pool(used, total, bytes);
+}
+
+/* Streams that have been quiet for heartbeat_s get a keep-alive comment, which
+ * is also how a disconnect is noticed while a request waits in the queue. */
+static void heartbeat_one(sched *s, sched_client *c, double now)
+{
+    pthread_mutex_lock(&c->mu);
+    int due = c->stream && now - c->last_emit >= s->o.heartbeat_s;
+    if (due) { c->heartbeat = 1; c->dirty = 1; c->last_emit = now; }
+    pthread_mutex_unlock(&c->mu);
+    if (due) wake_add(s, c);
+}
+
+static void heartbeats(sched *s)
+{
+    double now = srv_now();
+    if (s->o.heartbeat_s <= 0 || now - s->last_hb_scan < 0.1) return;
+    s->last_hb_scan = now;
+    for (int i = 0; i < s->n_run; i++) heartbeat_one(s, s->running[i]->c, now);
+    for (run_seq *r = s->wait_head; r; r = r->next) heartbeat_one(s, r->c, now);
+}
+
+static void *sched_main(void *arg)
+{
+    sched *s = arg;
+    for (;;) {
+        pthread_mutex_lock(&s->mu);
+        while (!s->stop && !s->cancel_all && !s->in_head && s->n_run == 0 && !s->wait_head)
+            pthread_cond_wait(&s->cv, &s->mu);
+        if (s->in_head) {
+            if (s->wait_tail) s->wait_tail->next = s->in_head;
+            else s->wait_head = s->in_head;
+            s->wait_tail = s->in_tail;
+            s->in_head = s->in_tail = NULL;
+        }
+        int stop = s->stop, all = s->cancel_all;
+        s->cancel_all = 0;
+        pthread_mutex_unlock(&s->mu);
+
+        drop_cancelled(s, all || stop);
+        if (stop) { wake_flush(s); break; }
+        admit(s);
+        if (s->n_run == 0 && s->wait_head) {
+            /* Nothing runs yet nothing could be admitted: the engine has no slot
+             * to give. Fail the head rather than spin. */
+            run_seq *r = s->wait_head;
+            s->wait_head = r->next;
+            if (!s->wait_head) s->wait_tail = NULL;
+            task_finish(s, r, SCHED_FINISH_ERROR, "no free engine sequence slot");
+            run_seq_release(s, r);
+            pthread_mutex_lock(&s->mu);
+            s->n_queued--;
+            pthread_mutex_unlock(&s->mu);
+        }
+        step(s);
+        reap(s);
+        heartbeats(s);
+        wake_flush(s);
+        if (s->n_run == 0) {
+            pthread_mutex_lock(&s->mu);
+            s->n_running = 0;
+            pthread_mutex_unlock(&s->mu);
+            admit(s);   /* refresh the pool gauges */
+        }
+    }
+    return NULL;
+}
+
+/* ---- public ---- */
+
+int sched_start(sched **out, kda_engine *e, const tok_tokenizer *tok, const sched_opts *o,
+                char *err, size_t errlen)
+{
+    sched *s = calloc(1, sizeof *s);
+    if (!s) { snprintf(err, errlen, "out of memory"); return -1; }
+    s->e = e;
+    s->tok = tok;
+    s->info = kda_engine_info(e);
+    s->o = *o;
+    s->running = calloc((size_t)o->max_batch, sizeof *s->running);
+    s->items = calloc((size_t)o->max_batch, sizeof *s->items);
+    s->item_seq = calloc((size_t)o->max_batch, sizeof *s->item_seq);
+    s->targets = calloc((size_t)o->max_batch * (size_t)o->prefill_chunk, sizeof *s->targets);
+    if (!s->running || !s->items || !s->item_seq || !s->targets) {
+        snprintf(err, errlen, "out of memory for a batch of %d", o->max_batch);
+        free(s->running); free(s->items); free(s->item_seq); free(s->targets); free(s);
+        return -1;
+    }
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    if (pthread_create(&s->thread, NULL, sched_main, s) != 0) {
+        snprintf(err, errlen, "could not start the scheduler thread");
+        free(s->running); free(s->items); free(s->item_seq); free(s->targets); free(s);
+        return -1;
+    }
+    *out = s;
+    return 0;
+}
+
+int sched_submit(sched *s, sched_client *c)
+{
+    run_seq *head = NULL, *tail = NULL;
+    for (int i = 0; i < c->n_tasks; i++) {
+        run_seq *r = run_seq_new(s->tok, c, &c->tasks[i]);
+        if (!r) {
+            while (head) { run_seq *nx = head->next; run_seq_free(head); head = nx; }
+            return SCHED_ENOMEM;
+        }
+        if (tail) tail->next = r; else head = r;
+        tail = r;
+    }
+    pthread_mutex_lock(&s->mu);
+    int rc = s->closed ? SCHED_ECLOSED
+           : s->n_queued + c->n_tasks > s->o.max_queue ? SCHED_EFULL : SCHED_OK;
+    if (rc == SCHED_OK) {
+        if (s->in_tail) s->in_tail->next = head; else s->in_head = head;
+        s->in_tail = tail;
+        s->n_queued += c->n_tasks;
+        pthread_mutex_lock(&c->mu);
+        c->refs += c->n_tasks;
+        c->last_emit = srv_now();
+        pthread_mutex_unlock(&c->mu);
+        pthread_cond_signal(&s->cv);
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (rc != SCHED_OK)
+        while (head) { run_seq *nx = head->next; run_seq_free(head); head = nx; }
+    return rc;
+}
+
+void sched_close_admission(sched *s)
+{
+    pthread_mutex_lock(&s->mu);
+    s->closed = 1;
+    pthread_mutex_unlock(&s->mu);
+}
+
+int sched_pending(sched *s)
+{
+    pthread_mutex_lock(&s->mu);
+    int n = s->n_queued + s->n_running;
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}
+
+void sched_cancel_all(sched *s)
+{
+    pthread_mutex_lock(&s->mu);
+    s->cancel_all = 1;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+void sched_stop(sched *s)
+{
+    if (!s) return;
+    pthread_mutex_lock(&s->mu);
+    s->stop = 1;
+    s->closed = 1;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    pthread_join(s->thread, NULL);
+    /* Anything submitted after the thread's last look. */
+    for (run_seq *r = s->in_head; r;) {
+        run_seq *nx = r->next;
+        task_finish(s, r, SCHED_FINISH_ABORT, "server is shutting down");
+        run_seq_release(s, r);
+        r = nx;
+    }
+    wake_flush(s);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    free(s->running); free(s->items); free(s->item_seq); free(s->targets);
+    free(s->logits); free(s->wake); free(s->emit);
+    free(s);
+}
