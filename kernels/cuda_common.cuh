@@ -1,0 +1,117 @@
+/*
+ * cuda_common.cuh - what every .cu file in kernels/ shares: error checks,
+ * bf16 conversions, warp/block reductions. Device code only here; the C
+ * interface of the kernels is cuda_ops.h.
+ *
+ * Numerics: built WITHOUT --use_fast_math. expf/logf/rsqrtf are the accurate
+ * versions; the only approximations are bf16 storage of weights, KV cache and
+ * GEMM inputs (MODEL_SPEC 7). fp32 everywhere else.
+ */
+#ifndef KDA_CUDA_COMMON_CUH
+#define KDA_CUDA_COMMON_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+
+typedef __nv_bfloat16 bf16;
+
+/* Kernel launch check for the launchers in cuda_ops.h: they return 0 or a
+ * KDA_EDEVICE-style negative code instead of aborting (request paths). */
+#define KC_LAUNCH_CHECK()                                                                        \
+    do {                                                                                         \
+        cudaError_t e_ = cudaGetLastError();                                                     \
+        if (e_ != cudaSuccess) {                                                                 \
+            fprintf(stderr, "%s:%d: kernel launch failed: %s\n", __FILE__, __LINE__,             \
+                    cudaGetErrorString(e_));                                                     \
+            return -7;                                                                           \
+        }                                                                                        \
+    } while (0)
+
+static __device__ __forceinline__ float bf2f(bf16 x) { return __bfloat162float(x); }
+static __device__ __forceinline__ bf16 f2bf(float x) { return __float2bfloat16_rn(x); }
+
+/* 8 bf16 packed in a uint4 (one 16-byte load) -> 8 floats */
+static __device__ __forceinline__ void bf8_to_f(uint4 u, float *f)
+{
+    const __nv_bfloat162 *p = (const __nv_bfloat162 *)&u;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float2 t = __bfloat1622float2(p[i]);
+        f[2 * i] = t.x;
+        f[2 * i + 1] = t.y;
+    }
+}
+
+static __device__ __forceinline__ float warp_sum(float v)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+static __device__ __forceinline__ double warp_sum_d(double v)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+static __device__ __forceinline__ float warp_max(float v)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* Block-wide sum; every thread gets the result. scratch: >= 32 floats of
+ * shared memory. Contains two __syncthreads: call from all threads. */
+static __device__ __forceinline__ float block_sum(float v, float *scratch)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    float t = lane < nw ? scratch[lane] : 0.0f;
+    return warp_sum(t);
+}
+static __device__ __forceinline__ double block_sum_d(double v, double *scratch)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    v = warp_sum_d(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    double t = lane < nw ? scratch[lane] : 0.0;
+    return warp_sum_d(t);
+}
+static __device__ __forceinline__ float block_max(float v, float *scratch)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    float t = lane < nw ? scratch[lane] : -INFINITY;
+    return warp_max(t);
+}
+
+static __device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
+static __device__ __forceinline__ float siluf_(float x) { return x / (1.0f + expf(-x)); }
+static __device__ __forceinline__ float softplusf_(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+/* kda_rng_uniform from engine.h, for the device (plain integer math). */
+static __host__ __device__ __forceinline__ uint64_t kc_splitmix64(uint64_t x)
+{
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+static __host__ __device__ __forceinline__ double kc_rng_uniform(uint64_t seed, uint64_t counter)
+{
+    return (double)(kc_splitmix64(seed ^ kc_splitmix64(counter)) >> 11) * 0x1.0p-53;
+}
+
+#endif
