@@ -63,8 +63,10 @@ RUN mkdir -p /models && chown 10001:10001 /models
 VOLUME /models
 
 # Defaults the entrypoint turns into flags; every KDA_* is optional.
+# auto: CUDA when the GPU image finds a GPU, else the CPU backend.
 ENV KDA_HOST=0.0.0.0 \
     KDA_PORT=8080 \
+    KDA_DEVICE=auto \
     KDA_DEMO_MODEL=/opt/kda/models/demo
 EXPOSE 8080
 

@@ -29,11 +29,13 @@ fi
 : "${KDA_HOST:=0.0.0.0}" "${KDA_PORT:=8080}"
 export KDA_HOST KDA_PORT
 
-# given FLAG ARGS...: did the caller pass FLAG (as "FLAG v" or "FLAG=v")?
+# given FLAG ARGS...: did the caller pass FLAG? (kda-server takes "--flag
+# value" only, and the last of a repeated flag would win anyway; this keeps
+# its command line, as seen in /proc/1/cmdline, free of dead values.)
 given() {
     gf=$1; shift
     for a in "$@"; do
-        case "$a" in "$gf"|"$gf"=*) return 0 ;; esac
+        [ "$a" = "$gf" ] && return 0
     done
     return 1
 }
@@ -41,7 +43,7 @@ given() {
 # Each set variable becomes "FLAG VALUE" in front of the caller's arguments,
 # unless the caller passed FLAG: the server never sees a flag twice.
 for pair in \
-    --model=KDA_MODEL --host=KDA_HOST --port=KDA_PORT --device=KDA_DEVICE \
+    --model=KDA_MODEL --model-name=KDA_MODEL_NAME --host=KDA_HOST --port=KDA_PORT --device=KDA_DEVICE \
     --threads=KDA_THREADS --max-batch=KDA_MAX_BATCH --max-queue=KDA_MAX_QUEUE \
     --max-seq-len=KDA_MAX_SEQ_LEN --log-level=KDA_LOG_LEVEL \
     --grace-seconds=KDA_GRACE_SECONDS --api-key-file=KDA_API_KEY_FILE \

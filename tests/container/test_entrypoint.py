@@ -39,14 +39,11 @@ def run(args=(), env=None, tmp=None):
 
 
 def flags(argv):
-    """argv -> {flag: [values]}; '--f=v' and '--f v' both count."""
+    """argv -> {flag: [values]}; kda-server takes '--flag value' pairs."""
     d, i = {}, 0
     while i < len(argv):
         a = argv[i]
-        if a.startswith("--") and "=" in a:
-            k, v = a.split("=", 1)
-            d.setdefault(k, []).append(v)
-        elif a.startswith("--") and i + 1 < len(argv):
+        if a.startswith("--") and i + 1 < len(argv):
             d.setdefault(a, []).append(argv[i + 1])
             i += 1
         i += 1
@@ -69,25 +66,25 @@ def main():
         check(r.get("KDA_MODEL") == "/demo/model", "the chosen model is exported as KDA_MODEL too", r)
         check(not any(k in f for k in ("--device", "--api-key", "--threads")), "unset variables add no flags", r)
 
-        env = {"KDA_MODEL": "/srv/m", "KDA_PORT": "9000", "KDA_HOST": "::", "KDA_DEVICE": "cuda",
+        env = {"KDA_MODEL": "/srv/m", "KDA_MODEL_NAME": "kda-1.7b", "KDA_PORT": "9000", "KDA_HOST": "::", "KDA_DEVICE": "cuda",
                "KDA_THREADS": "6", "KDA_MAX_BATCH": "16", "KDA_MAX_QUEUE": "64", "KDA_MAX_SEQ_LEN": "4096",
                "KDA_LOG_LEVEL": "debug", "KDA_GRACE_SECONDS": "12", "KDA_API_KEY_FILE": "/etc/kda/key",
                "KDA_API_KEY": "s3cr3t with 'quotes' and $dollar"}
         _, r = run(env=env, tmp=tmp)
         f = flags(r.get("argv", []))
-        want = {"--model": "/srv/m", "--port": "9000", "--host": "::", "--device": "cuda", "--threads": "6",
+        want = {"--model": "/srv/m", "--model-name": "kda-1.7b", "--port": "9000", "--host": "::", "--device": "cuda", "--threads": "6",
                 "--max-batch": "16", "--max-queue": "64", "--max-seq-len": "4096", "--log-level": "debug",
                 "--grace-seconds": "12", "--api-key-file": "/etc/kda/key",
                 "--api-key": "s3cr3t with 'quotes' and $dollar"}
         for k, v in want.items():
             check(f.get(k) == [v], f"{k} comes from its KDA_* variable, verbatim", f.get(k))
 
-        _, r = run(["--port", "7000", "--model=/cli/model", "--max-batch", "2"],
+        _, r = run(["--port", "7000", "--model", "/cli/model", "--max-batch", "2"],
                    env={"KDA_PORT": "9000", "KDA_MODEL": "/env/model"}, tmp=tmp)
         f = flags(r.get("argv", []))
         check(f.get("--port") == ["7000"], "a flag given to the container overrides the variable", r)
-        check(f.get("--model") == ["/cli/model"], "--model=DIR overrides KDA_MODEL, and appears once", r)
-        check(r.get("argv", [])[-5:] == ["--port", "7000", "--model=/cli/model", "--max-batch", "2"],
+        check(f.get("--model") == ["/cli/model"], "--model DIR overrides KDA_MODEL, and appears once", r)
+        check(r.get("argv", [])[-6:] == ["--port", "7000", "--model", "/cli/model", "--max-batch", "2"],
               "the caller's arguments are passed last and unchanged", r)
 
         _, r = run(["--device", "cpu"], env={"KDA_DEVICE": ""}, tmp=tmp)
