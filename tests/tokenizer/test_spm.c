@@ -444,6 +444,31 @@ static void stream_equals_one_shot_for_random_ids(void **state) {
     assert_true(checked > 0);
 }
 
+/* The byte tokenizer's U+FFFD rule (tok_utf8_sanitize) is SentencePiece's
+ * rule for byte pieces: both kinds decode the same bytes to the same text. */
+static void byte_pieces_decode_like_tok_utf8_sanitize(void **state) {
+    (void)state;
+    unsigned char b[16];
+    int32_t ids[16];
+    for (int iter = 0; iter < 20000; iter++) {
+        int n = 1 + (int)(next_rand() % 16);
+        for (int i = 0; i < n; i++) {
+            uint32_t r = next_rand() % 4;
+            b[i] = (unsigned char)(r == 0 ? next_rand() % 128 : r == 1 ? 0x80 + next_rand() % 64
+                                                                       : 0xC0 + next_rand() % 64);
+            ids[i] = byte_id[b[i]];
+        }
+        char *got, err[256];
+        size_t got_len, want_len;
+        assert_int_equal(tok_decode_len(T, ids, n, &got, &got_len, err, sizeof(err)), 0);
+        char *want = tok_utf8_sanitize((const char *)b, (size_t)n, &want_len);
+        assert_int_equal(got_len, want_len);
+        assert_memory_equal(got, want, want_len);
+        free(got);
+        free(want);
+    }
+}
+
 static void decode_rejects_ids_outside_the_vocabulary(void **state) {
     (void)state;
     int32_t ids[] = {tok_bos_id(T), tok_vocab_size(T)};
@@ -542,6 +567,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(add_bos_prepends_exactly_bos),
         cmocka_unit_test(stream_equals_one_shot_for_encoded_texts),
         cmocka_unit_test(stream_equals_one_shot_for_random_ids),
+        cmocka_unit_test(byte_pieces_decode_like_tok_utf8_sanitize),
         cmocka_unit_test(decode_rejects_ids_outside_the_vocabulary),
         cmocka_unit_test(concurrent_encodes_agree),
     };

@@ -109,7 +109,8 @@ int main(int argc, char **argv) {
         if (dt < best) best = dt;
         free(p);
     }
-    printf("prompt encode:   %8.2f ms for %d tokens (%zu bytes)\n", best * 1e3, m, lo);
+    printf("prompt encode:   %8.2f ms for %d tokens (%zu bytes, %.2f MB/s)\n", best * 1e3, m, lo,
+           (double)lo / best / 1e6);
     free(ids);
     free(text);
     tok_close(t);
