@@ -24,7 +24,11 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import safetensors_io as st  # noqa: E402
 
-CACHE_LIMIT = 8 << 30   # convert-once cache for weights up to this many bytes in the compute dtype
+# Weights are decoded once and kept: in the compute dtype when that fits in
+# FULL_CACHE bytes, else as float32 (upcast per use) when that fits in F32_CACHE
+# (the 1.7B: 6.7 GB), else decoded from the mapping on every use.
+FULL_CACHE = 2 << 30
+F32_CACHE = 10 << 30
 
 
 # ---- config -------------------------------------------------------------------
@@ -177,8 +181,10 @@ class RefModel:
         self.store = st.TensorStore(d)
         self.scheme = self._detect_scheme()
         c = self.cfg
-        n = sum(st.numel(self.store.shape(x)) for x in self.store.names())
-        self.cache = {} if n * torch.tensor([], dtype=dtype).element_size() <= CACHE_LIMIT else None
+        n = self.n_params()
+        esize = torch.tensor([], dtype=dtype).element_size()
+        self.cache = {}
+        self.cache_dtype = dtype if n * esize <= FULL_CACHE else torch.float32 if n * 4 <= F32_CACHE else None
         self._check_shapes()
 
     # names ------------------------------------------------------------------------
@@ -254,12 +260,13 @@ class RefModel:
                 raise ValueError("tensor %s has shape %s, expected %s" % (n, self.store.shape(n), shape))
 
     def W(self, n):
-        if self.cache is not None and n in self.cache:
-            return self.cache[n]
-        t = torch.from_numpy(np.array(self.store.get(n), dtype=np.float32)).to(self.dtype)
-        if self.cache is not None:
-            self.cache[n] = t
-        return t
+        t = self.cache.get(n)
+        if t is None:
+            t = torch.from_numpy(np.array(self.store.get(n), dtype=np.float32))
+            if self.cache_dtype is not None:
+                t = t.to(self.cache_dtype)
+                self.cache[n] = t
+        return t.to(self.dtype)
 
     def n_params(self):
         return sum(st.numel(self.store.shape(n)) for n in self.store.names())

@@ -162,13 +162,15 @@ class TensorStore:
     def get(self, name):
         """The tensor as a float32 numpy array (exact for all three dtypes)."""
         mm, dtype, shape, b, e = self.entries[name]
-        raw = np.asarray(mm[b:e])
-        if dtype == "F32":
-            a = np.frombuffer(raw.tobytes(), dtype="<f4")
-        elif dtype == "F16":
-            a = np.frombuffer(raw.tobytes(), dtype="<f2").astype(np.float32)
-        elif dtype == "BF16":
-            a = bf16_bits_to_f32(np.frombuffer(raw.tobytes(), dtype="<u2"))
-        else:
+        kinds = {"F32": "<f4", "F16": "<f2", "BF16": "<u2"}
+        if dtype not in kinds:
             raise ValueError("%s: unsupported dtype %s" % (name, dtype))
+        n = numel(shape)
+        if n * ITEMSIZE[dtype] != e - b:
+            raise ValueError("%s: %d bytes for shape %s" % (name, e - b, shape))
+        raw = np.frombuffer(mm, dtype=kinds[dtype], count=n, offset=b)  # a view of the mapping
+        if dtype == "BF16":
+            a = bf16_bits_to_f32(raw)
+        else:
+            a = raw.astype(np.float32)  # copies: callers own the result
         return a.reshape(shape)
