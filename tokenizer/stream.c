@@ -18,6 +18,9 @@
  *     leading space. So after an id whose text on its own is non-empty
  *     (an "anchor"), decode([anchor] + rest) minus the anchor's own text is
  *     exactly what the full decode adds for rest.
+ * Both hold for models without a denormalizer (Llama-2 and spm_train's
+ * defaults have none); one would rewrite the joined text and could differ
+ * at window edges. The tests compare stream and one-shot decode for that.
  * The window restarts at every anchor, so a push costs two decodes of a few
  * ids; only a long run of non-anchor ids (byte pieces, BOS/EOS) makes the
  * window grow, and it shrinks again at the next ordinary piece.

@@ -124,7 +124,7 @@ int tok_encode(const tok_tokenizer *t, const char *text, size_t len, int add_bos
     *ids = NULL;
     *n_ids = 0;
     if (len > (size_t)INT32_MAX - 1)
-        return fail(err, errlen, "tokenizer: input of %s bytes is too long", "more than 2^31");
+        return fail(err, errlen, "tokenizer: input too long (%s)", "2^31 bytes or more");
     int bos = add_bos && t->bos >= 0;
     if (t->spm) {
         int32_t *raw;
@@ -141,7 +141,7 @@ int tok_encode(const tok_tokenizer *t, const char *text, size_t len, int add_bos
         return 0;
     }
     int32_t *out = malloc((len + (size_t)bos + 1) * sizeof(int32_t));
-    if (!out) return fail(err, errlen, "tokenizer: out of memory encoding %s", "text");
+    if (!out) return fail(err, errlen, "tokenizer: out of memory (%s)", "encode");
     int n = 0;
     if (bos) out[n++] = t->bos;
     for (size_t i = 0; i < len; i++) out[n++] = (unsigned char)text[i];
@@ -169,11 +169,11 @@ int tok_decode_len(const tok_tokenizer *t, const int32_t *ids, int n_ids, char *
     if (check_ids(t, ids, n_ids, err, errlen) != 0) return -1;
     if (t->spm) return spm_decode(t->spm, ids, n_ids, text, len, err, errlen);
     char *raw = malloc((size_t)n_ids + 1);
-    if (!raw) return fail(err, errlen, "tokenizer: out of memory decoding %s", "ids");
+    if (!raw) return fail(err, errlen, "tokenizer: out of memory (%s)", "decode");
     for (int i = 0; i < n_ids; i++) raw[i] = (char)ids[i];
     *text = tok_utf8_sanitize(raw, (size_t)n_ids, len);
     free(raw);
-    if (!*text) return fail(err, errlen, "tokenizer: out of memory decoding %s", "ids");
+    if (!*text) return fail(err, errlen, "tokenizer: out of memory (%s)", "decode");
     return 0;
 }
 
