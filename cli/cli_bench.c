@@ -1,4 +1,158 @@
-/* Placeholder until the benchmark subcommand lands. */
+/*
+ * cli_bench.c - `kda-cli bench MODEL_DIR`: decode-step latency of the engine
+ * at given (context, batch) pairs, plus (CUDA builds) each fused kernel's
+ * bandwidth against a device-to-device copy measured in the same run. Writes
+ * one JSON object (--json FILE) that scripts/bench_merge.py combines with the
+ * PyTorch baseline of the same invocation (scripts/bench-gpu.sh).
+ *
+ * The contexts are filled by decoding the prompt one token per step for all
+ * sequences at once (this path is the one being measured; the fast prefill is
+ * a separate piece of work). Then `steps` greedy decode steps are timed on the
+ * wall clock, sampled tokens fed back, one host sync per step included.
+ */
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
 #include "cli.h"
-int cli_bench(int argc, char **argv) { (void)argc; (void)argv; fprintf(stderr, "bench: not built yet\n"); return 2; }
+#include "engine.h"
+
+int cuda_bench_kernels(FILE *json, FILE *table); /* kernels/cuda_bench.cu or the stub */
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int usage(void)
+{
+    fprintf(stderr,
+            "usage: kda-cli bench MODEL_DIR [--device cuda|cpu] [--pairs CTX:B,...] [--steps N]\n"
+            "                     [--json FILE] [--no-kernels] [--mem-fraction F]\n"
+            "  default pairs 128:1,128:16,128:64,128:256,4096:1,4096:64; steps 32\n");
+    return 2;
+}
+
+typedef struct {
+    int ctx, B;
+    double ms;
+} bench_pair;
+
+static int run_pair(kda_engine *e, bench_pair *bp, int steps, char *err, size_t errlen)
+{
+    const int B = bp->B, vocab = kda_engine_info(e)->vocab_size;
+    int *seq = calloc((size_t)B, sizeof(int));
+    int32_t *tok = calloc((size_t)B, sizeof(int32_t)), *next = calloc((size_t)B, sizeof(int32_t));
+    kda_batch_item *it = calloc((size_t)B, sizeof *it);
+    kda_sampling greedy = {.temperature = 0};
+    int rc = 0, made = 0;
+    if (!seq || !tok || !next || !it) {
+        rc = KDA_ENOMEM;
+        snprintf(err, errlen, "out of memory");
+        goto done;
+    }
+    for (; made < B; made++)
+        if ((rc = kda_seq_new(e, &seq[made], err, errlen))) goto done;
+    unsigned r = 12345;
+    for (int p = 0; p < bp->ctx; p++) { /* fill the context */
+        for (int i = 0; i < B; i++) {
+            r = r * 1103515245u + 12345u;
+            tok[i] = (int32_t)((r >> 8) % (unsigned)vocab);
+            it[i] = (kda_batch_item){.seq = seq[i], .tokens = &tok[i], .n_tokens = 1};
+        }
+        if ((rc = kda_engine_step(e, it, B, err, errlen))) goto done;
+    }
+    double t0 = 0;
+    for (int s = -4; s < steps; s++) { /* 4 warm-up steps */
+        if (s == 0) t0 = now_s();
+        for (int i = 0; i < B; i++)
+            it[i] = (kda_batch_item){.seq = seq[i], .tokens = &tok[i], .n_tokens = 1, .sampling = &greedy,
+                                     .sampled = &next[i]};
+        if ((rc = kda_engine_step(e, it, B, err, errlen))) goto done;
+        memcpy(tok, next, (size_t)B * sizeof *tok);
+    }
+    bp->ms = (now_s() - t0) * 1e3 / steps;
+done:
+    for (int i = 0; i < made; i++) kda_seq_free(e, seq[i]);
+    free(seq), free(tok), free(next), free(it);
+    return rc;
+}
+
+int cli_bench(int argc, char **argv)
+{
+    if (argc < 1 || argv[0][0] == '-') return usage();
+    const char *dir = argv[0], *device = "cuda", *json_path = NULL;
+    const char *pairs_s = "128:1,128:16,128:64,128:256,4096:1,4096:64";
+    int steps = 32, kernels = 1;
+    double frac = 0.9;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--device") && i + 1 < argc) device = argv[++i];
+        else if (!strcmp(argv[i], "--pairs") && i + 1 < argc) pairs_s = argv[++i];
+        else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
+        else if (!strcmp(argv[i], "--mem-fraction") && i + 1 < argc) frac = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--no-kernels")) kernels = 0;
+        else return usage();
+    }
+    bench_pair pairs[64];
+    int np = 0, max_b = 1, max_ctx = 1;
+    for (const char *p = pairs_s; *p && np < 64;) {
+        int c, b, n = 0;
+        if (sscanf(p, "%d:%d%n", &c, &b, &n) != 2 || c < 1 || b < 1) return usage();
+        pairs[np++] = (bench_pair){.ctx = c, .B = b};
+        max_b = b > max_b ? b : max_b;
+        max_ctx = c > max_ctx ? c : max_ctx;
+        p += n;
+        if (*p == ',') p++;
+    }
+    if (steps < 1) return usage();
+    FILE *json = json_path ? fopen(json_path, "w") : NULL;
+    if (json_path && !json) {
+        perror(json_path);
+        return 1;
+    }
+    if (json) fprintf(json, "{\n");
+    if (kernels && !strcmp(device, "cuda")) {
+        printf("per-kernel bandwidth (1.7B shapes):\n");
+        if (cuda_bench_kernels(json, stdout)) fprintf(stderr, "kernel benchmark unavailable or failed\n");
+    }
+    kda_engine_opts o = {.model_dir = dir, .device = device, .max_seqs = max_b, .max_seq_len = max_ctx + steps + 8,
+                         .gpu_mem_fraction = frac, .verbose = 1};
+    kda_engine *e = NULL;
+    char err[512];
+    int rc = kda_engine_open(&e, &o, err, sizeof err);
+    if (rc) {
+        fprintf(stderr, "bench: %s\n", err);
+        if (json) fclose(json);
+        return 1;
+    }
+    const kda_model_info *mi = kda_engine_info(e);
+    printf("decode on %s (%s), %lld params, %d steps per point:\n", mi->device_name, device, (long long)mi->n_params,
+           steps);
+    for (int i = 0; i < np; i++) {
+        rc = run_pair(e, &pairs[i], steps, err, sizeof err);
+        if (rc) {
+            fprintf(stderr, "bench ctx %d B %d: %s\n", pairs[i].ctx, pairs[i].B, err);
+            pairs[i].ms = -1;
+            continue;
+        }
+        printf("  decode B=%-4d ctx=%-5d %8.3f ms/step %10.0f tok/s\n", pairs[i].B, pairs[i].ctx, pairs[i].ms,
+               pairs[i].B / pairs[i].ms * 1e3);
+        fflush(stdout);
+    }
+    if (json) {
+        fprintf(json, "  \"device\": \"%s\",\n  \"params\": %lld,\n  \"weight_bytes\": %zu,\n  \"steps\": %d,\n",
+                mi->device_name, (long long)mi->n_params, mi->weight_bytes, steps);
+        fprintf(json, "  \"decode\": [");
+        for (int i = 0; i < np; i++)
+            fprintf(json, "%s\n    {\"B\": %d, \"ctx\": %d, \"ms_step\": %.4f, \"tok_s\": %.1f}", i ? "," : "",
+                    pairs[i].B, pairs[i].ctx, pairs[i].ms, pairs[i].ms > 0 ? pairs[i].B / pairs[i].ms * 1e3 : 0);
+        fprintf(json, "\n  ]\n}\n");
+        fclose(json);
+    }
+    kda_engine_close(e);
+    return 0;
+}

@@ -12,3 +12,12 @@ int cuda_backend_create(backend **out, const backend_params *p, char *err, size_
 }
 
 int cuda_device_available(void) { return 0; }
+
+/* kda-cli bench's per-kernel table needs the CUDA build. */
+#include <stdio.h>
+int cuda_bench_kernels(FILE *json, FILE *table);
+int cuda_bench_kernels(FILE *json, FILE *table)
+{
+    (void)json, (void)table;
+    return KDA_EUNSUP;
+}

@@ -1,0 +1,290 @@
+/*
+ * test_cuda_model.c - the whole CUDA backend against the CPU reference
+ * backend on generated checkpoints (scripts/gen_checkpoint.py): teacher-forced
+ * logits (MODEL_SPEC 7 budget), greedy continuation, a batch of 64 sequences
+ * of different lengths vs each sequence alone, slot reuse from a clean state,
+ * admission control when the KV pool is full. KDA_TEST_MODEL_17B=DIR adds the
+ * 1.7B-shaped checkpoint in DIR. Skips (77) without a GPU.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "engine.h"
+#include "kt_util.h"
+
+static char tiny_dir[256], llama_dir[256];
+
+static int gen(char *dir, size_t n, const char *args)
+{
+    const char *src = getenv("KDA_SRC");
+    if (!src) src = ".";
+    snprintf(dir, n, "/tmp/kda_cuda_test_XXXXXX");
+    if (!mkdtemp(dir)) return -1;
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "python3 %s/scripts/gen_checkpoint.py %s %s > /dev/null", src, dir, args);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+static kda_engine *open_engine(const char *dir, const char *dev, int max_seqs, int max_len)
+{
+    kda_engine_opts o = {.model_dir = dir, .device = dev, .max_seqs = max_seqs, .max_seq_len = max_len,
+                         .gpu_mem_fraction = 0.5};
+    kda_engine *e = NULL;
+    char err[512];
+    int rc = kda_engine_open(&e, &o, err, sizeof err);
+    if (rc) fprintf(stderr, "open %s on %s: %s\n", dir, dev, err);
+    assert_int_equal(rc, 0);
+    return e;
+}
+
+static void rand_tokens(int32_t *t, int n, int vocab)
+{
+    for (int i = 0; i < n; i++) t[i] = (int32_t)(kt_u01() * vocab);
+}
+
+/* all-position logits of one sequence fed `toks` in one step */
+static void teacher_forced(kda_engine *e, const int32_t *toks, int n, float *logits, float *tlp)
+{
+    char err[256];
+    int s;
+    assert_int_equal(kda_seq_new(e, &s, err, sizeof err), 0);
+    kda_batch_item it = {.seq = s, .tokens = toks, .n_tokens = n, .logits = logits, .want_all_logits = 1,
+                         .targets = toks + 1, .target_logprobs = tlp};
+    it.n_tokens = n;
+    int32_t *tg = malloc((size_t)n * 4);
+    memcpy(tg, toks + 1, (size_t)(n - 1) * 4);
+    tg[n - 1] = -1;
+    it.targets = tg;
+    int rc = kda_engine_step(e, &it, 1, err, sizeof err);
+    if (rc) fprintf(stderr, "step: %s\n", err);
+    assert_int_equal(rc, 0);
+    kda_seq_free(e, s);
+    free(tg);
+}
+
+static int argmax(const float *x, int n)
+{
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+static void check_teacher_forced(const char *dir, int n)
+{
+    kda_engine *cpu = open_engine(dir, "cpu", 4, 512), *gpu = open_engine(dir, "cuda", 4, 512);
+    const int vocab = kda_engine_info(cpu)->vocab_size;
+    int32_t *toks = malloc((size_t)n * 4);
+    rand_tokens(toks, n, vocab);
+    float *lc = malloc((size_t)n * vocab * 4), *lg = malloc((size_t)n * vocab * 4);
+    float *tc = malloc((size_t)n * 4), *tg = malloc((size_t)n * 4);
+    memset(lg, 0xFF, (size_t)n * vocab * 4);
+    teacher_forced(cpu, toks, n, lc, tc);
+    teacher_forced(gpu, toks, n, lg, tg);
+    double worst = 0, dlp = 0;
+    int agree = 0;
+    for (int t = 0; t < n; t++) {
+        double e = kt_rel(lg + (size_t)t * vocab, lc + (size_t)t * vocab, vocab);
+        worst = e > worst ? e : worst;
+        agree += argmax(lg + (size_t)t * vocab, vocab) == argmax(lc + (size_t)t * vocab, vocab);
+        if (t < n - 1) dlp += fabs(tg[t] - tc[t]);
+    }
+    dlp /= n - 1;
+    printf("%s: %d positions, worst rel L2 %.2e, top-1 agreement %d/%d, mean |dlogp| %.4f\n", dir, n, worst, agree, n,
+           dlp);
+    assert_true(worst <= 1e-2);
+    assert_true(agree >= 0.99 * n);
+    assert_true(dlp <= 0.05);
+    free(toks), free(lc), free(lg), free(tc), free(tg);
+    kda_engine_close(cpu);
+    kda_engine_close(gpu);
+}
+
+static void test_teacher_forced_logits_match_cpu_tiny(void **st)
+{
+    (void)st;
+    check_teacher_forced(tiny_dir, 300); /* > one KV block and > one attention split */
+}
+
+static void test_teacher_forced_logits_match_cpu_llama_family(void **st)
+{
+    (void)st;
+    check_teacher_forced(llama_dir, 100);
+}
+
+static void test_teacher_forced_logits_match_cpu_17b(void **st)
+{
+    (void)st;
+    const char *d = getenv("KDA_TEST_MODEL_17B");
+    if (!d || access(d, R_OK)) {
+        printf("KDA_TEST_MODEL_17B not set: 1.7B case skipped\n");
+        skip();
+    }
+    check_teacher_forced(d, 12);
+}
+
+/* greedy decode of n tokens after a prompt, one token per step */
+static void greedy(kda_engine *e, const int32_t *prompt, int np, int n, int32_t *out)
+{
+    char err[256];
+    int s;
+    kda_sampling greedy_s = {.temperature = 0};
+    assert_int_equal(kda_seq_new(e, &s, err, sizeof err), 0);
+    int32_t tok;
+    kda_batch_item it = {.seq = s, .tokens = prompt, .n_tokens = np, .sampling = &greedy_s, .sampled = &tok};
+    assert_int_equal(kda_engine_step(e, &it, 1, err, sizeof err), 0);
+    for (int i = 0; i < n; i++) {
+        out[i] = tok;
+        it.tokens = &out[i];
+        it.n_tokens = 1;
+        assert_int_equal(kda_engine_step(e, &it, 1, err, sizeof err), 0);
+    }
+    kda_seq_free(e, s);
+}
+
+static void test_greedy_continuation_identical_to_cpu(void **st)
+{
+    (void)st;
+    kda_engine *cpu = open_engine(tiny_dir, "cpu", 4, 512), *gpu = open_engine(tiny_dir, "cuda", 4, 512);
+    int32_t prompt[12], a[48], b[48];
+    rand_tokens(prompt, 12, 256);
+    greedy(cpu, prompt, 12, 48, a);
+    greedy(gpu, prompt, 12, 48, b);
+    for (int i = 0; i < 48; i++) printf("%d%c", a[i] == b[i], i == 47 ? '\n' : ' ');
+    assert_memory_equal(a, b, sizeof a);
+    kda_engine_close(cpu);
+    kda_engine_close(gpu);
+}
+
+static void test_batch_of_64_equals_each_sequence_alone(void **st)
+{
+    (void)st;
+    enum { B = 64, STEPS = 6, VOC = 256 };
+    kda_engine *gpu = open_engine(tiny_dir, "cuda", B, 512);
+    char err[256];
+    int32_t *prompts = malloc((size_t)B * 80 * 4);
+    int plen[B], seq[B];
+    rand_tokens(prompts, B * 80, VOC);
+    for (int i = 0; i < B; i++) plen[i] = 1 + (i * 37) % 80;
+    /* batched: all prompts in one step, then STEPS batched decode steps with greedy tokens */
+    float *lb = malloc((size_t)B * STEPS * VOC * 4), *la = malloc((size_t)STEPS * VOC * 4);
+    int32_t next[B], gen_b[B][STEPS];
+    kda_sampling g = {.temperature = 0};
+    kda_batch_item it[B];
+    for (int i = 0; i < B; i++) {
+        assert_int_equal(kda_seq_new(gpu, &seq[i], err, sizeof err), 0);
+        it[i] = (kda_batch_item){.seq = seq[i], .tokens = prompts + i * 80, .n_tokens = plen[i], .sampling = &g,
+                                 .sampled = &next[i]};
+    }
+    assert_int_equal(kda_engine_step(gpu, it, B, err, sizeof err), 0);
+    for (int s = 0; s < STEPS; s++) {
+        for (int i = 0; i < B; i++) {
+            gen_b[i][s] = next[i];
+            it[i] = (kda_batch_item){.seq = seq[i], .tokens = &gen_b[i][s], .n_tokens = 1,
+                                     .logits = lb + ((size_t)i * STEPS + s) * VOC, .sampling = &g, .sampled = &next[i]};
+        }
+        int rc = kda_engine_step(gpu, it, B, err, sizeof err);
+        if (rc) fprintf(stderr, "%s\n", err);
+        assert_int_equal(rc, 0);
+    }
+    for (int i = 0; i < B; i++) kda_seq_free(gpu, seq[i]);
+    /* each alone: same tokens, one sequence per step */
+    double worst = 0;
+    for (int i = 0; i < B; i++) {
+        int s1;
+        int32_t nx;
+        assert_int_equal(kda_seq_new(gpu, &s1, err, sizeof err), 0);
+        kda_batch_item one = {.seq = s1, .tokens = prompts + i * 80, .n_tokens = plen[i], .sampling = &g, .sampled = &nx};
+        assert_int_equal(kda_engine_step(gpu, &one, 1, err, sizeof err), 0);
+        assert_int_equal(nx, gen_b[i][0]);
+        for (int s = 0; s < STEPS; s++) {
+            one = (kda_batch_item){.seq = s1, .tokens = &gen_b[i][s], .n_tokens = 1, .logits = la + (size_t)s * VOC,
+                                   .sampling = &g, .sampled = &nx};
+            assert_int_equal(kda_engine_step(gpu, &one, 1, err, sizeof err), 0);
+            double e = kt_rel(la + (size_t)s * VOC, lb + ((size_t)i * STEPS + s) * VOC, VOC);
+            worst = e > worst ? e : worst;
+            if (s + 1 < STEPS) assert_int_equal(nx, gen_b[i][s + 1]);
+        }
+        kda_seq_free(gpu, s1);
+    }
+    printf("batch of %d vs alone: worst rel L2 %.2e\n", B, worst);
+    /* batched and single rows take different GEMM paths (GEMV vs cuBLAS), so
+     * not bit-identical; far tighter than the CPU budget */
+    assert_true(worst < 2e-3);
+    free(prompts), free(lb), free(la);
+    kda_engine_close(gpu);
+}
+
+static void test_freed_slot_reused_starts_clean(void **st)
+{
+    (void)st;
+    kda_engine *gpu = open_engine(tiny_dir, "cuda", 1, 512); /* one slot: reuse is certain */
+    int32_t a[40], b[20];
+    rand_tokens(a, 40, 256);
+    rand_tokens(b, 20, 256);
+    float *first = malloc(20 * 256 * 4), *again = malloc(20 * 256 * 4), *tl = malloc(20 * 4);
+    teacher_forced(gpu, b, 20, first, tl);
+    teacher_forced(gpu, a, 40, malloc(40 * 256 * 4), malloc(40 * 4)); /* dirties the slot (leaks in a test: fine) */
+    teacher_forced(gpu, b, 20, again, tl);
+    double e = kt_rel(again, first, 20 * 256);
+    printf("slot reuse: rel %.2e\n", e);
+    assert_true(e == 0.0);
+    free(first), free(again), free(tl);
+    kda_engine_close(gpu);
+}
+
+static void test_full_kv_pool_refuses_without_corrupting_others(void **st)
+{
+    (void)st;
+    /* the pool holds at most max_seqs full contexts; two sequences each taking
+     * most of the context then a third asking for more must fail cleanly */
+    kda_engine *gpu = open_engine(tiny_dir, "cuda", 2, 64);
+    char err[256];
+    int s0, s1;
+    int32_t t[64];
+    rand_tokens(t, 64, 256);
+    assert_int_equal(kda_seq_new(gpu, &s0, err, sizeof err), 0);
+    assert_int_equal(kda_seq_new(gpu, &s1, err, sizeof err), 0);
+    float l0[256], l0b[256];
+    kda_batch_item it = {.seq = s0, .tokens = t, .n_tokens = 10, .logits = l0};
+    assert_int_equal(kda_engine_step(gpu, &it, 1, err, sizeof err), 0);
+    /* beyond the context: refused with KDA_ECTX, nothing advanced */
+    kda_batch_item big = {.seq = s1, .tokens = t, .n_tokens = 64};
+    assert_int_equal(kda_engine_step(gpu, &big, 1, err, sizeof err), 0);
+    kda_batch_item over = {.seq = s1, .tokens = t, .n_tokens = 1};
+    assert_int_equal(kda_engine_step(gpu, &over, 1, err, sizeof err), KDA_ECTX);
+    /* s0 continues exactly as a fresh sequence would */
+    it = (kda_batch_item){.seq = s0, .tokens = t + 10, .n_tokens = 1, .logits = l0};
+    assert_int_equal(kda_engine_step(gpu, &it, 1, err, sizeof err), 0);
+    int s2;
+    kda_seq_free(gpu, s1);
+    assert_int_equal(kda_seq_new(gpu, &s2, err, sizeof err), 0);
+    it = (kda_batch_item){.seq = s2, .tokens = t, .n_tokens = 11, .logits = l0b};
+    assert_int_equal(kda_engine_step(gpu, &it, 1, err, sizeof err), 0);
+    assert_true(kt_rel(l0b, l0, 256) < 2e-3);
+    kda_engine_close(gpu);
+}
+
+int main(void)
+{
+    kt_skip_without_gpu();
+    if (gen(tiny_dir, sizeof tiny_dir, "--preset tiny --seed 3") ||
+        gen(llama_dir, sizeof llama_dir, "--preset llama-tiny --seed 4")) {
+        fprintf(stderr, "checkpoint generation failed\n");
+        return 1;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_teacher_forced_logits_match_cpu_tiny),
+        cmocka_unit_test(test_teacher_forced_logits_match_cpu_llama_family),
+        cmocka_unit_test(test_greedy_continuation_identical_to_cpu),
+        cmocka_unit_test(test_batch_of_64_equals_each_sequence_alone),
+        cmocka_unit_test(test_freed_slot_reused_starts_clean),
+        cmocka_unit_test(test_full_kv_pool_refuses_without_corrupting_others),
+        cmocka_unit_test(test_teacher_forced_logits_match_cpu_17b),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,492 @@
+/*
+ * test_kernels.c - every CUDA kernel against the fp32 reference in
+ * engine/cpu_ops.h (and engine/sampling.c), on fresh random inputs, several
+ * shapes including non-multiples of the tile sizes, outputs poisoned with NaN
+ * before each run. Tolerances (MODEL_SPEC 7): bf16 outputs rel L2 <= 1e-2,
+ * fp32 paths from bf16 inputs rel L2 <= 2e-3, fp32 state <= 1e-4.
+ * Skips (77) without a GPU.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+
+#include <cmocka.h>
+#include <cublas_v2.h>
+
+#include "cuda_ops.h"
+#include "kt_util.h"
+#include "sampling.h"
+
+static void test_rmsnorm_matches_reference(void **st)
+{
+    (void)st;
+    const int shapes[][2] = {{1, 64}, {5, 2048}, {33, 136}};
+    for (int s = 0; s < 3; s++) {
+        const int T = shapes[s][0], D = shapes[s][1];
+        float *x = malloc((size_t)T * D * 4), *w = malloc((size_t)D * 4), *ref = malloc((size_t)T * D * 4);
+        kt_fill(x, (size_t)T * D, 2.0f);
+        for (int i = 0; i < D; i++) w[i] = 1.0f + 0.1f * kt_randn();
+        int32_t rows[64];
+        for (int t = 0; t < T; t++) rows[t] = T - 1 - t; /* gathered in reverse */
+        for (int t = 0; t < T; t++) rmsnorm_f32(ref + (size_t)t * D, x + (size_t)rows[t] * D, w, D, 1e-6f);
+        float *dx = kt_dev(x, (size_t)T * D * 4), *dw = kt_dev(w, (size_t)D * 4);
+        int32_t *dr = kt_dev(rows, (size_t)T * 4);
+        uint16_t *dout = kt_dev_poison((size_t)T * D * 2);
+        assert_int_equal(kc_rmsnorm(dout, dx, dr, dw, T, D, 1e-6f, 0), 0);
+        float *got = kt_get_bf16(dout, (size_t)T * D);
+        double e = kt_rel(got, ref, (size_t)T * D);
+        printf("rmsnorm T=%d D=%d rel %.2e\n", T, D, e);
+        assert_true(e < 1e-2);
+        free(x), free(w), free(ref), free(got);
+        cudaFree(dx), cudaFree(dw), cudaFree(dr), cudaFree(dout);
+    }
+}
+
+/* y = x W^T reference with bf16-rounded operands */
+static void ref_matmul(float *y, const float *x, const float *W, int T, int N, int K)
+{
+    for (int t = 0; t < T; t++)
+        for (int n = 0; n < N; n++) {
+            double s = 0;
+            for (int k = 0; k < K; k++) s += (double)x[(size_t)t * K + k] * W[(size_t)n * K + k];
+            y[(size_t)t * N + n] = (float)s;
+        }
+}
+
+static void test_gemv_and_gemm_match_reference(void **st)
+{
+    (void)st;
+    cublasHandle_t h;
+    assert_int_equal(cublasCreate(&h), CUBLAS_STATUS_SUCCESS);
+    const int shapes[][2] = {{37, 64}, {2072, 2048}, {130, 8064}};
+    for (int s = 0; s < 3; s++) {
+        const int N = shapes[s][0], K = shapes[s][1];
+        float *W = malloc((size_t)2 * N * K * 4);
+        kt_fill(W, (size_t)2 * N * K, 1.0f / sqrtf((float)K));
+        kt_bf16_round(W, (size_t)2 * N * K);
+        uint16_t *Wb = kt_to_bf16(W, (size_t)2 * N * K);
+        uint16_t *dW = kt_dev(Wb, (size_t)2 * N * K * 2);
+        const int Ts[] = {1, 3, 4, 8, 9, 70};
+        for (int ti = 0; ti < 6; ti++) {
+            const int T = Ts[ti];
+            float *x = malloc((size_t)T * K * 4), *nw = malloc((size_t)K * 4), *xn = malloc((size_t)T * K * 4);
+            float *ref = malloc((size_t)T * 2 * N * 4), *res = malloc((size_t)T * N * 4);
+            kt_fill(x, (size_t)T * K, 1.5f);
+            kt_fill(res, (size_t)T * N, 1.0f);
+            for (int i = 0; i < K; i++) nw[i] = 1.0f + 0.1f * kt_randn();
+            for (int t = 0; t < T; t++) rmsnorm_f32(xn + (size_t)t * K, x + (size_t)t * K, nw, K, 1e-6f);
+            kt_bf16_round(xn, (size_t)T * K);
+            float *dx = kt_dev(x, (size_t)T * K * 4), *dnw = kt_dev(nw, (size_t)K * 4);
+            uint16_t *xnb = kt_to_bf16(xn, (size_t)T * K);
+            uint16_t *dxn = kt_dev(xnb, (size_t)T * K * 2);
+            ref_matmul(ref, xn, W, T, 2 * N, K); /* [T, 2N] over all 2N rows */
+            if (T <= KC_GEMV_MAX_T) {
+                /* store, normalised input */
+                float *dy = kt_dev_poison((size_t)T * 2 * N * 4), *got = malloc((size_t)T * 2 * N * 4);
+                assert_int_equal(kc_gemv(dy, 2 * N, dW, 2 * N, K, dx, K, dnw, 1e-6f, T, KC_IN_NORM, KC_OUT_STORE, 0), 0);
+                kt_get(got, dy, (size_t)T * 2 * N * 4);
+                double e = kt_rel(got, ref, (size_t)T * 2 * N);
+                printf("gemv norm/store N=%d K=%d T=%d rel %.2e\n", 2 * N, K, T, e);
+                assert_true(e < 2e-3);
+                /* residual add, bf16 input, first N rows */
+                float *want = malloc((size_t)T * N * 4);
+                for (int t = 0; t < T; t++)
+                    for (int n = 0; n < N; n++) want[(size_t)t * N + n] = res[(size_t)t * N + n] + ref[(size_t)t * 2 * N + n];
+                float *dres = kt_dev(res, (size_t)T * N * 4);
+                assert_int_equal(kc_gemv(dres, N, dW, N, K, dxn, K, NULL, 0, T, KC_IN_BF16, KC_OUT_ADD, 0), 0);
+                kt_get(got, dres, (size_t)T * N * 4);
+                e = kt_rel(got, want, (size_t)T * N);
+                printf("gemv bf16/add T=%d rel %.2e\n", T, e);
+                assert_true(e < 2e-3);
+                /* SwiGLU pairs: gate rows 0..N-1, up rows N..2N-1 */
+                for (int t = 0; t < T; t++)
+                    for (int n = 0; n < N; n++)
+                        want[(size_t)t * N + n] = silu_f32(ref[(size_t)t * 2 * N + n]) * ref[(size_t)t * 2 * N + N + n];
+                uint16_t *dact = kt_dev_poison((size_t)T * N * 2);
+                assert_int_equal(kc_gemv(dact, N, dW, N, K, dx, K, dnw, 1e-6f, T, KC_IN_NORM, KC_OUT_SWIGLU, 0), 0);
+                float *gact = kt_get_bf16(dact, (size_t)T * N);
+                e = kt_rel(gact, want, (size_t)T * N);
+                printf("gemv swiglu T=%d rel %.2e\n", T, e);
+                assert_true(e < 1e-2);
+                free(got), free(want), free(gact);
+                cudaFree(dy), cudaFree(dres), cudaFree(dact);
+            }
+            {   /* cuBLAS path: norm kernel + GEMM + SwiGLU kernel */
+                uint16_t *dxn2 = kt_dev_poison((size_t)T * K * 2);
+                assert_int_equal(kc_rmsnorm(dxn2, dx, NULL, dnw, T, K, 1e-6f, 0), 0);
+                float *dy = kt_dev_poison((size_t)T * 2 * N * 4), *got = malloc((size_t)T * 2 * N * 4);
+                assert_int_equal(kc_gemm(h, dy, 2 * N, dxn2, K, dW, T, 2 * N, K, 0.0f, 0), 0);
+                kt_get(got, dy, (size_t)T * 2 * N * 4);
+                double e = kt_rel(got, ref, (size_t)T * 2 * N);
+                printf("gemm N=%d K=%d T=%d rel %.2e\n", 2 * N, K, T, e);
+                assert_true(e < 2e-3);
+                uint16_t *dact = kt_dev_poison((size_t)T * N * 2);
+                assert_int_equal(kc_swiglu(dact, dy, T, N, 0), 0);
+                float *gact = kt_get_bf16(dact, (size_t)T * N), *want = malloc((size_t)T * N * 4);
+                for (int t = 0; t < T; t++)
+                    for (int n = 0; n < N; n++)
+                        want[(size_t)t * N + n] = silu_f32(got[(size_t)t * 2 * N + n]) * got[(size_t)t * 2 * N + N + n];
+                e = kt_rel(gact, want, (size_t)T * N);
+                assert_true(e < 1e-2);
+                free(got), free(gact), free(want);
+                cudaFree(dxn2), cudaFree(dy), cudaFree(dact);
+            }
+            free(x), free(nw), free(xn), free(ref), free(res), free(xnb);
+            cudaFree(dx), cudaFree(dnw), cudaFree(dxn);
+        }
+        free(W), free(Wb);
+        cudaFree(dW);
+    }
+    cublasDestroy(h);
+}
+
+static void test_embed_gathers_rows_and_zeroes_padding(void **st)
+{
+    (void)st;
+    enum { V = 50, D = 72, T = 7 };
+    float *E = malloc((size_t)V * D * 4);
+    kt_fill(E, (size_t)V * D, 1.0f);
+    kt_bf16_round(E, (size_t)V * D);
+    uint16_t *Eb = kt_to_bf16(E, (size_t)V * D);
+    int32_t ids[T] = {3, 0, 49, -1, 7, 7, 12};
+    uint16_t *dE = kt_dev(Eb, (size_t)V * D * 2);
+    int32_t *dids = kt_dev(ids, sizeof ids);
+    float *dh = kt_dev_poison((size_t)T * D * 4), *h = malloc((size_t)T * D * 4);
+    assert_int_equal(kc_embed(dh, dE, dids, T, D, 0), 0);
+    kt_get(h, dh, (size_t)T * D * 4);
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < D; i++) assert_true(h[t * D + i] == (ids[t] < 0 ? 0.0f : E[(size_t)ids[t] * D + i]));
+    free(E), free(Eb), free(h);
+    cudaFree(dE), cudaFree(dids), cudaFree(dh);
+}
+
+/* ---- KDA step ---- */
+static void run_kda_case(int H, int K, int taps, const int *ntok, const int *slots, int n_items)
+{
+    const int V = K, R = V, HK = H * K, HV = H * V, C = 2 * HK + HV, P = taps - 1;
+    const int off_f0 = C, off_g0 = C + R, off_beta = C + 2 * R, ldp = C + 2 * R + H + 3; /* odd stride */
+    int T = 0, row0[16];
+    for (int i = 0; i < n_items; i++) row0[i] = T, T += ntok[i];
+    const int n_slots = 4;
+    const size_t layer_floats = (size_t)H * K * V + (size_t)P * C, slot_stride = layer_floats + 5;
+    float *proj = malloc((size_t)T * ldp * 4);
+    kt_fill(proj, (size_t)T * ldp, 1.0f);
+    float *convw = malloc((size_t)C * taps * 4), *f1 = malloc((size_t)HK * R * 4), *g1 = malloc((size_t)HV * R * 4);
+    float *gb = malloc((size_t)HV * 4), *A_log = malloc((size_t)H * 4), *dtb = malloc((size_t)HK * 4), *onorm = malloc((size_t)V * 4);
+    kt_fill(convw, (size_t)C * taps, 0.5f);
+    kt_fill(f1, (size_t)HK * R, 1.0f / sqrtf((float)R));
+    kt_fill(g1, (size_t)HV * R, 1.0f / sqrtf((float)R));
+    kt_bf16_round(f1, (size_t)HK * R);
+    kt_bf16_round(g1, (size_t)HV * R);
+    kt_fill(gb, HV, 0.5f);
+    for (int h = 0; h < H; h++) A_log[h] = logf(1.0f + 15.0f * (float)kt_u01());
+    kt_fill(dtb, HK, 0.5f);
+    for (int i = 0; i < V; i++) onorm[i] = 1.0f + 0.1f * kt_randn();
+    float *state = malloc(slot_stride * n_slots * 4);
+    kt_fill(state, slot_stride * n_slots, 0.3f);
+    /* transposed bottleneck weights as the backend stores them */
+    uint16_t *f1t = malloc((size_t)R * HK * 2), *g1t = malloc((size_t)R * HV * 2);
+    for (int c = 0; c < HK; c++)
+        for (int r = 0; r < R; r++) f1t[(size_t)r * HK + c] = f32_to_bf16(f1[(size_t)c * R + r]);
+    for (int c = 0; c < HV; c++)
+        for (int r = 0; r < R; r++) g1t[(size_t)r * HV + c] = f32_to_bf16(g1[(size_t)c * R + r]);
+
+    /* reference */
+    float *ref_state = malloc(slot_stride * n_slots * 4);
+    memcpy(ref_state, state, slot_stride * n_slots * 4);
+    float *ref_y = malloc((size_t)T * HV * 4);
+    for (int i = 0; i < n_items; i++) {
+        if (slots[i] < 0) continue;
+        const int nt = ntok[i];
+        float *S = ref_state + (size_t)slots[i] * slot_stride, *tail = S + (size_t)H * K * V;
+        float *x = malloc((size_t)nt * C * 4), *y = malloc((size_t)nt * C * 4), *tl = malloc((size_t)(P + 1) * C * 4);
+        for (int t = 0; t < nt; t++) memcpy(x + (size_t)t * C, proj + (size_t)(row0[i] + t) * ldp, (size_t)C * 4);
+        memcpy(tl, tail, (size_t)P * C * 4);
+        short_conv_f32(y, x, nt, C, convw, taps, tl); /* all channels at once: same math per channel */
+        memcpy(tail, tl, (size_t)P * C * 4);
+        for (int t = 0; t < nt; t++) {
+            const float *pr = proj + (size_t)(row0[i] + t) * ldp;
+            float *q = y + (size_t)t * C, *k = q + HK, *v = k + HK;
+            float graw[1024], gk[1024], G[1024];
+            for (int c = 0; c < HK; c++) {
+                double s = 0;
+                for (int r = 0; r < R; r++) s += (double)f1[(size_t)c * R + r] * pr[off_f0 + r];
+                graw[c] = (float)s;
+            }
+            kda_gate_f32(gk, graw, A_log, dtb, H, K);
+            for (int c = 0; c < HV; c++) {
+                double s = 0;
+                for (int r = 0; r < R; r++) s += (double)g1[(size_t)c * R + r] * pr[off_g0 + r];
+                G[c] = (float)s + gb[c];
+            }
+            for (int h = 0; h < H; h++) {
+                l2norm_f32(q + h * K, K);
+                for (int d = 0; d < K; d++) q[h * K + d] *= 1.0f / sqrtf((float)K);
+                l2norm_f32(k + h * K, K);
+                float o[128];
+                kda_step_f32(S + (size_t)h * K * V, q + h * K, k + h * K, v + h * V, gk + h * K,
+                             sigmoid_f32(pr[off_beta + h]), o, K, V);
+                rmsnorm_f32(o, o, onorm, V, 1e-6f);
+                for (int j = 0; j < V; j++) ref_y[(size_t)(row0[i] + t) * HV + h * V + j] = o[j] * sigmoid_f32(G[h * V + j]);
+            }
+        }
+        free(x), free(y), free(tl);
+    }
+
+    kc_kda_args a;
+    memset(&a, 0, sizeof a);
+    a.proj = kt_dev(proj, (size_t)T * ldp * 4);
+    a.ldp = ldp, a.off_f0 = off_f0, a.off_g0 = off_g0, a.off_beta = off_beta;
+    a.item_row0 = kt_dev(row0, (size_t)n_items * 4);
+    a.item_ntok = kt_dev(ntok, (size_t)n_items * 4);
+    a.item_slot = kt_dev(slots, (size_t)n_items * 4);
+    a.n_items = n_items;
+    a.state = kt_dev(state, slot_stride * n_slots * 4);
+    a.slot_stride = slot_stride;
+    a.convw = kt_dev(convw, (size_t)C * taps * 4);
+    a.f1t = kt_dev(f1t, (size_t)R * HK * 2);
+    a.g1t = kt_dev(g1t, (size_t)R * HV * 2);
+    a.g_bias = kt_dev(gb, (size_t)HV * 4);
+    a.A_log = kt_dev(A_log, (size_t)H * 4);
+    a.dt_bias = kt_dev(dtb, (size_t)HK * 4);
+    a.onorm = kt_dev(onorm, (size_t)V * 4);
+    a.eps = 1e-6f;
+    a.H = H, a.K = K, a.V = V, a.R = R, a.taps = taps;
+    a.y = kt_dev_poison((size_t)T * HV * 2);
+    a.ldy = HV;
+    assert_int_equal(kc_kda_step(&a, 0), 0);
+    float *gy = kt_get_bf16(a.y, (size_t)T * HV), *gs = malloc(slot_stride * n_slots * 4);
+    kt_get(gs, a.state, slot_stride * n_slots * 4);
+    /* rows of padding items stay poisoned (never written); compare real rows */
+    for (int i = 0; i < n_items; i++) {
+        if (slots[i] < 0) {
+            for (size_t e = (size_t)row0[i] * HV; e < (size_t)(row0[i] + ntok[i]) * HV; e++) assert_true(isnan(gy[e]));
+            continue;
+        }
+        double e = kt_rel(gy + (size_t)row0[i] * HV, ref_y + (size_t)row0[i] * HV, (size_t)ntok[i] * HV);
+        printf("kda H=%d K=%d item %d (%d tokens) out rel %.2e\n", H, K, i, ntok[i], e);
+        assert_true(e < 1e-2);
+    }
+    for (int s = 0; s < n_slots; s++) {
+        double e = kt_rel(gs + s * slot_stride, ref_state + s * slot_stride, layer_floats);
+        printf("kda slot %d state rel %.2e\n", s, e);
+        assert_true(e < 1e-4);
+        /* the padding beyond the layer must be untouched (bitwise) */
+        assert_memory_equal(gs + s * slot_stride + layer_floats, state + s * slot_stride + layer_floats, 5 * 4);
+    }
+    free(proj), free(convw), free(f1), free(g1), free(gb), free(A_log), free(dtb), free(onorm), free(state);
+    free(f1t), free(g1t), free(ref_state), free(ref_y), free(gy), free(gs);
+    cudaFree((void *)a.proj), cudaFree((void *)a.item_row0), cudaFree((void *)a.item_ntok), cudaFree((void *)a.item_slot);
+    cudaFree(a.state), cudaFree((void *)a.convw), cudaFree((void *)a.f1t), cudaFree((void *)a.g1t);
+    cudaFree((void *)a.g_bias), cudaFree((void *)a.A_log), cudaFree((void *)a.dt_bias), cudaFree((void *)a.onorm), cudaFree(a.y);
+}
+
+static void test_kda_step_matches_reference(void **st)
+{
+    (void)st;
+    { const int nt[] = {1, 3, 17, 2}, sl[] = {2, -1, 0, 3}; run_kda_case(2, 16, 4, nt, sl, 4); }
+    { const int nt[] = {1, 1, 1}, sl[] = {1, 3, 0}; run_kda_case(3, 64, 4, nt, sl, 3); }
+    { const int nt[] = {1, 5, 1, 70}, sl[] = {0, 1, -1, 3}; run_kda_case(4, 128, 4, nt, sl, 4); }
+    { const int nt[] = {2, 1}, sl[] = {1, 2}; run_kda_case(2, 32, 3, nt, sl, 2); }
+}
+
+/* ---- GQA: qkv (norm + RoPE + append) and attention over a paged cache ---- */
+static void run_gqa_case(int Hq, int Hkv, int hd, int rope_dim, int gate, const int *pos0, const int *ntok, int n_seq,
+                         int split)
+{
+    const int blk = 16, max_blocks = 64, n_blocks = 200, n_gqa = 2, layer = 1;
+    const size_t layer_elems = (size_t)2 * Hkv * blk * hd, block_elems = layer_elems * n_gqa;
+    const int QD = Hq * hd, KD = Hkv * hd;
+    const int off_q = 0, off_g = gate ? QD : -1, off_k = gate ? 2 * QD : QD, off_v = off_k + KD, ldp = off_v + KD + 1;
+    int T = 0;
+    for (int i = 0; i < n_seq; i++) T += ntok[i];
+    int32_t *tpos = malloc((size_t)T * 4), *tslot = malloc((size_t)T * 4);
+    int32_t *table = calloc((size_t)n_seq * max_blocks, 4);
+    /* a shuffled block assignment, so paging bugs show */
+    int next = 0;
+    for (int i = 0; i < n_seq; i++)
+        for (int b = 0; b < max_blocks && b * blk < pos0[i] + ntok[i]; b++) table[i * max_blocks + b] = (next++ * 37) % n_blocks;
+    for (int i = 0, r = 0; i < n_seq; i++)
+        for (int t = 0; t < ntok[i]; t++, r++) tpos[r] = pos0[i] + t, tslot[r] = i;
+    float *proj = malloc((size_t)T * ldp * 4), *qn = malloc((size_t)hd * 4), *kn = malloc((size_t)hd * 4);
+    kt_fill(proj, (size_t)T * ldp, 1.0f);
+    for (int i = 0; i < hd; i++) qn[i] = 1.0f + 0.2f * kt_randn(), kn[i] = 1.0f + 0.2f * kt_randn();
+    /* the cache: random history for positions < pos0, in bf16 */
+    uint16_t *kv = malloc(block_elems * n_blocks * 2);
+    for (size_t i = 0; i < block_elems * n_blocks; i++) kv[i] = f32_to_bf16(kt_randn());
+    kc_gqa_args a;
+    memset(&a, 0, sizeof a);
+    a.proj = kt_dev(proj, (size_t)T * ldp * 4);
+    a.ldp = ldp, a.off_q = off_q, a.off_k = off_k, a.off_v = off_v, a.off_gate = off_g;
+    a.tok_pos = kt_dev(tpos, (size_t)T * 4);
+    a.tok_slot = kt_dev(tslot, (size_t)T * 4);
+    a.T = T;
+    a.q_norm = kt_dev(qn, (size_t)hd * 4);
+    a.k_norm = kt_dev(kn, (size_t)hd * 4);
+    a.eps = 1e-6f;
+    a.Hq = Hq, a.Hkv = Hkv, a.hd = hd, a.rope_dim = rope_dim, a.theta = 10000.0;
+    a.q = kt_dev_poison((size_t)T * QD * 4);
+    a.kv = kt_dev(kv, block_elems * n_blocks * 2);
+    a.block_stride = block_elems, a.layer_off = layer * layer_elems, a.blk = blk;
+    a.block_table = kt_dev(table, (size_t)n_seq * max_blocks * 4);
+    a.max_blocks = max_blocks;
+    const int max_ctx = max_blocks * blk, nsplit = (max_ctx + split - 1) / split;
+    float *opart = kt_dev_poison((size_t)T * Hq * nsplit * hd * 4), *ml = kt_dev_poison((size_t)T * Hq * nsplit * 2 * 4);
+    uint16_t *dout = kt_dev_poison((size_t)T * QD * 2);
+    assert_int_equal(kc_gqa_qkv(&a, 0), 0);
+    assert_int_equal(kc_gqa_attn(&a, opart, ml, nsplit, split, dout, QD, 0), 0);
+    float *got = kt_get_bf16(dout, (size_t)T * QD);
+    uint16_t *kv_after = malloc(block_elems * n_blocks * 2);
+    kt_get(kv_after, a.kv, block_elems * n_blocks * 2);
+
+    /* reference per sequence */
+    for (int i = 0, r0 = 0; i < n_seq; r0 += ntok[i], i++) {
+        const int n_ctx = pos0[i] + ntok[i];
+        float *kc = malloc((size_t)n_ctx * KD * 4), *vc = malloc((size_t)n_ctx * KD * 4);
+        float *q = malloc((size_t)ntok[i] * QD * 4), *o = malloc((size_t)ntok[i] * QD * 4);
+        for (int p = 0; p < pos0[i]; p++)
+            for (int h = 0; h < Hkv; h++)
+                for (int d = 0; d < hd; d++) {
+                    const size_t base = (size_t)table[i * max_blocks + p / blk] * block_elems + layer * layer_elems;
+                    kc[(size_t)p * KD + h * hd + d] = bf16_to_f32(kv[base + ((size_t)h * blk + p % blk) * hd + d]);
+                    vc[(size_t)p * KD + h * hd + d] = bf16_to_f32(kv[base + ((size_t)(Hkv + h) * blk + p % blk) * hd + d]);
+                }
+        for (int t = 0; t < ntok[i]; t++) {
+            const float *pr = proj + (size_t)(r0 + t) * ldp;
+            const int p = pos0[i] + t;
+            float *qt = q + (size_t)t * QD, *kt = kc + (size_t)p * KD, *vt = vc + (size_t)p * KD;
+            for (int h = 0; h < Hq; h++) rmsnorm_f32(qt + h * hd, pr + off_q + h * hd, qn, hd, 1e-6f);
+            for (int h = 0; h < Hkv; h++) rmsnorm_f32(kt + h * hd, pr + off_k + h * hd, kn, hd, 1e-6f);
+            rope_partial(qt, Hq, hd, rope_dim, p, 10000.0);
+            rope_partial(kt, Hkv, hd, rope_dim, p, 10000.0);
+            memcpy(vt, pr + off_v, (size_t)KD * 4);
+            kt_bf16_round(kt, KD);
+            kt_bf16_round(vt, KD);
+            /* the appended K/V landed in the right paged slot */
+            const size_t base = (size_t)table[i * max_blocks + p / blk] * block_elems + layer * layer_elems;
+            for (int h = 0; h < Hkv; h++)
+                for (int d = 0; d < hd; d++) {
+                    float gk = bf16_to_f32(kv_after[base + ((size_t)h * blk + p % blk) * hd + d]);
+                    float gv = bf16_to_f32(kv_after[base + ((size_t)(Hkv + h) * blk + p % blk) * hd + d]);
+                    assert_true(fabsf(gk - kt[h * hd + d]) <= 1e-2f * (fabsf(kt[h * hd + d]) + 0.1f));
+                    assert_true(gv == vt[h * hd + d]);
+                }
+        }
+        gqa_attention_f32(o, q, kc, vc, ntok[i], pos0[i], Hq, Hkv, hd);
+        if (gate)
+            for (int t = 0; t < ntok[i]; t++)
+                for (int c = 0; c < QD; c++) o[(size_t)t * QD + c] *= sigmoid_f32(proj[(size_t)(r0 + t) * ldp + off_g + c]);
+        double e = kt_rel(got + (size_t)r0 * QD, o, (size_t)ntok[i] * QD);
+        printf("gqa Hq=%d Hkv=%d hd=%d split=%d seq %d (pos0 %d, %d tokens) rel %.2e\n", Hq, Hkv, hd, split, i, pos0[i],
+               ntok[i], e);
+        assert_true(e < 1e-2);
+        free(kc), free(vc), free(q), free(o);
+    }
+    free(tpos), free(tslot), free(table), free(proj), free(qn), free(kn), free(kv), free(got), free(kv_after);
+    cudaFree((void *)a.proj), cudaFree((void *)a.tok_pos), cudaFree((void *)a.tok_slot), cudaFree((void *)a.q_norm);
+    cudaFree((void *)a.k_norm), cudaFree(a.q), cudaFree(a.kv), cudaFree((void *)a.block_table);
+    cudaFree(opart), cudaFree(ml), cudaFree(dout);
+}
+
+static void test_gqa_attention_matches_reference(void **st)
+{
+    (void)st;
+    { const int p0[] = {0, 5, 40}, nt[] = {9, 1, 1}; run_gqa_case(4, 2, 16, 8, 1, p0, nt, 3, 256); }
+    { const int p0[] = {700, 0, 1, 31}, nt[] = {1, 1, 1, 2}; run_gqa_case(16, 4, 128, 32, 1, p0, nt, 4, 256); }
+    { const int p0[] = {700, 300}, nt[] = {1, 3}; run_gqa_case(16, 4, 128, 32, 0, p0, nt, 2, 32); }
+    { const int p0[] = {100, 7}, nt[] = {1, 20}; run_gqa_case(12, 6, 64, 64, 0, p0, nt, 2, 64); }
+}
+
+/* ---- sampling on the GPU = engine/sampling.c ---- */
+static void test_sampler_matches_cpu_sampler(void **st)
+{
+    (void)st;
+    const int vocabs[] = {300, 32000};
+    for (int vi = 0; vi < 2; vi++) {
+        const int vocab = vocabs[vi], n = 48;
+        float *logits = malloc((size_t)n * vocab * 4);
+        kt_fill(logits, (size_t)n * vocab, 3.0f);
+        /* some exact ties, to pin the lowest-id rule */
+        for (int r = 0; r < n; r += 5) logits[(size_t)r * vocab + 7] = logits[(size_t)r * vocab + 3] = 12.0f;
+        int32_t hist[64 * 40];
+        kc_sample_param p[64];
+        kda_sampling cs[64];
+        memset(p, 0, sizeof p);
+        memset(cs, 0, sizeof cs);
+        for (int i = 0; i < n; i++) {
+            kda_sampling *s = &cs[i];
+            s->temperature = (i % 6 == 0) ? 0.0f : 0.3f + 1.5f * (float)kt_u01();
+            s->top_k = (i % 3 == 1) ? 1 + (int)(kt_u01() * 50) : 0;
+            s->top_p = (i % 4 == 2) ? 0.3f + 0.6f * (float)kt_u01() : 1.0f;
+            s->min_p = (i % 5 == 3) ? 0.05f : 0.0f;
+            s->repetition_penalty = (i % 7 == 4) ? 1.3f : 1.0f;
+            s->presence_penalty = (i % 8 == 5) ? 0.5f : 0.0f;
+            s->frequency_penalty = (i % 8 == 5) ? 0.25f : 0.0f;
+            s->seed = 1000 + i;
+            for (int k = 0; k < 40; k++) hist[i * 40 + k] = (int)(kt_u01() * 20); /* repeats */
+            s->prompt_tokens = hist + i * 40;
+            s->n_prompt = 25;
+            s->gen_tokens = hist + i * 40 + 25;
+            s->n_gen = 15;
+            p[i] = (kc_sample_param){.row = i, .temperature = s->temperature, .top_p = s->top_p, .min_p = s->min_p,
+                                     .rep = s->repetition_penalty, .pres = s->presence_penalty,
+                                     .freq = s->frequency_penalty, .top_k = s->top_k, .hist_off = i * 40,
+                                     .n_prompt = 25, .n_gen = 15, .n_top = 5, .seed = s->seed, .counter = 15};
+        }
+        float *dl = kt_dev(logits, (size_t)n * vocab * 4), *dlse = kt_dev_poison((size_t)n * 4);
+        kc_sample_param *dp = kt_dev(p, sizeof p);
+        int32_t *dh = kt_dev(hist, sizeof hist);
+        int *scratch = kt_dev(NULL, (size_t)n * vocab * 4);
+        int32_t *dtok = kt_dev_poison(64 * 4), *dtop = kt_dev_poison(64 * 8 * 4);
+        float *dlp = kt_dev_poison(64 * 4), *dtoplp = kt_dev_poison(64 * 8 * 4);
+        assert_int_equal(kc_row_lse(dlse, dl, n, vocab, 0), 0);
+        assert_int_equal(kc_sample(dp, n, dl, vocab, dlse, dh, scratch, dtok, dlp, dtop, dtoplp, 8, 0), 0);
+        int32_t tok[64], top[64 * 8];
+        float lp[64], toplp[64 * 8], lse[64];
+        kt_get(tok, dtok, n * 4);
+        kt_get(lp, dlp, n * 4);
+        kt_get(top, dtop, n * 8 * 4);
+        kt_get(toplp, dtoplp, n * 8 * 4);
+        kt_get(lse, dlse, n * 4);
+        float *work = malloc((size_t)2 * vocab * 4);
+        int mism = 0;
+        for (int i = 0; i < n; i++) {
+            const float *lg = logits + (size_t)i * vocab;
+            const float l_ref = logsumexp_f32(lg, vocab);
+            assert_true(fabsf(lse[i] - l_ref) < 1e-4f * (1 + fabsf(l_ref)));
+            int32_t want = sampling_draw(lg, vocab, &cs[i], work);
+            if (tok[i] != want) {
+                mism++;
+                printf("sampler row %d (T=%.2f k=%d p=%.2f minp=%.2f): gpu %d cpu %d\n", i, cs[i].temperature,
+                       cs[i].top_k, cs[i].top_p, cs[i].min_p, tok[i], want);
+            }
+            assert_true(fabsf(lp[i] - (lg[tok[i]] - l_ref)) < 1e-4f);
+            int32_t ids[5];
+            float lps[5];
+            sampling_top_n(lg, vocab, l_ref, 5, ids, lps);
+            for (int k = 0; k < 5; k++) {
+                assert_int_equal(top[i * 8 + k], ids[k]);
+                assert_true(fabsf(toplp[i * 8 + k] - lps[k]) < 1e-4f);
+            }
+        }
+        printf("sampler vocab %d: %d/%d draws differ\n", vocab, mism, n);
+        assert_int_equal(mism, 0);
+        free(logits), free(work);
+        cudaFree(dl), cudaFree(dlse), cudaFree(dp), cudaFree(dh), cudaFree(scratch);
+        cudaFree(dtok), cudaFree(dtop), cudaFree(dlp), cudaFree(dtoplp);
+    }
+}
+
+int main(void)
+{
+    kt_skip_without_gpu();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_embed_gathers_rows_and_zeroes_padding),
+        cmocka_unit_test(test_rmsnorm_matches_reference),
+        cmocka_unit_test(test_gemv_and_gemm_match_reference),
+        cmocka_unit_test(test_kda_step_matches_reference),
+        cmocka_unit_test(test_gqa_attention_matches_reference),
+        cmocka_unit_test(test_sampler_matches_cpu_sampler),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
