@@ -14,13 +14,17 @@
 #   --keep          leave the test image in podman's storage when done
 #                   (always kept: the base image, so reruns are fast)
 # env: KDA_CONTAINER_CACHE (default /var/cache/kda-container),
-#      KDA_CONTAINER_PORT (default 18080), KDA_DEBIAN_MIRROR.
-set -euo pipefail
+#      KDA_CONTAINER_PORT (default: a free one), KDA_DEBIAN_MIRROR.
+# No `set -e`: a failed check is counted and the run goes on; the steps
+# that later ones need end it with `|| exit 1`.
+set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 CACHE=${KDA_CONTAINER_CACHE:-/var/cache/kda-container}
 MIRROR=${KDA_DEBIAN_MIRROR:-http://deb.debian.org/debian}
-PORT=${KDA_CONTAINER_PORT:-18080}
+# A free loopback port unless one is given: a fixed one may be taken.
+PORT=${KDA_CONTAINER_PORT:-$(/usr/bin/python3 -c \
+    'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}
 BASE_IMAGE=localhost/kda-debian:12-minbase
 IMAGE=localhost/kda-server:container-test
 NAME=kda-container-test-$$
@@ -49,6 +53,7 @@ note() { echo "----  $*"; }
 
 summary() {
     local rc=$?
+    set +o pipefail
     "${PODMAN[@]}" rm -f -t 0 "$NAME" >/dev/null 2>&1 || true
     [ "$keep" = 1 ] || "${PODMAN[@]}" rmi -f "$IMAGE" >/dev/null 2>&1 || true
     echo "container-test: wall time $(( $(date +%s) - T0 )) s"
@@ -75,8 +80,9 @@ command -v curl >/dev/null || need+=(curl)
 if [ ${#need[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
         note "installing ${need[*]}"
-        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-            podman buildah runc debootstrap uidmap slirp4netns fuse-overlayfs curl >/dev/null
+        { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+            podman buildah runc debootstrap uidmap slirp4netns fuse-overlayfs curl >/dev/null; } \
+            || { fail "apt-get install ${need[*]}"; exit 1; }
     else
         fail "missing tools: ${need[*]} (apt-get install podman buildah runc debootstrap curl)"
         exit 1
@@ -119,7 +125,7 @@ deb $MIRROR bookworm-updates main
 deb ${MIRROR%/debian}/debian-security bookworm-security main
 EOF
         mkdir -p "$CACHE"
-        tar -C "$root" --numeric-owner -cf "$tarball.tmp" . && mv "$tarball.tmp" "$tarball"
+        tar -C "$root" --numeric-owner -cf "$tarball.tmp" . && mv "$tarball.tmp" "$tarball" || return 1
         rm -rf "$root"
     fi
     note "importing $tarball as $BASE_IMAGE"
@@ -173,8 +179,12 @@ check "image: no compiler in the runtime stage" no_compiler
 
 # -------------------------------------------------------------------- run
 URL=http://127.0.0.1:$PORT
-"${PODMAN[@]}" run -d --name "$NAME" "${LIMITS[@]}" -p "127.0.0.1:$PORT:8080" \
-    -e KDA_DEVICE=cpu -e KDA_THREADS=2 -e KDA_GRACE_SECONDS=60 "$IMAGE" > /dev/null 2>>"$WORK/podman.log"
+start() {
+    "${PODMAN[@]}" run -d --name "$NAME" "${LIMITS[@]}" -p "127.0.0.1:$PORT:8080" "$@" \
+        > /dev/null 2>>"$WORK/podman.log"
+}
+check "run: container starts with a published loopback port" \
+    start -e KDA_DEVICE=cpu -e KDA_THREADS=2 -e KDA_GRACE_SECONDS=60 "$IMAGE" || exit 1
 
 wait_health() {
     for _ in $(seq 1 120); do
@@ -233,14 +243,31 @@ check "api: /metrics in Prometheus text format" metrics_ok || head -c 600 "$WORK
 # ------------------------------------------------------------ SIGTERM drain
 # A long streamed request is in flight when SIGTERM arrives: the server must
 # finish it (all its tokens, then [DONE]) and exit 0 on its own.
+# As many tokens as the context allows, up to 1500: seconds of work for the
+# tiny and demo models on CPU, well inside the 60 s grace period.
+ctx=$(curl -fsS -m 10 "$URL/v1/models" | /usr/bin/python3 -c \
+      'import json, sys; print(json.load(sys.stdin)["data"][0]["max_model_len"])' 2>/dev/null || echo 320)
+n_drain=$(( ctx - 64 < 1500 ? ctx - 64 : 1500 ))
+note "drain request: $n_drain tokens (context $ctx)"
 curl -sS -N -m 120 "$URL/v1/completions" -H 'Content-Type: application/json' \
-    -d '{"prompt": "Once upon a time", "max_tokens": 300, "ignore_eos": true, "stream": true}' \
+    -d "{\"prompt\": \"Once\", \"max_tokens\": $n_drain, \"ignore_eos\": true, \"stream\": true}" \
     > "$WORK/drain.txt" 2>&1 &
 client=$!
 for _ in $(seq 1 100); do grep -q '^data: {' "$WORK/drain.txt" 2>/dev/null && break; sleep 0.1; done
 in_flight() { grep -q '^data: {' "$WORK/drain.txt" && ! grep -q '^data: \[DONE\]' "$WORK/drain.txt"; }
 check "stop: a streamed request is in flight when SIGTERM is sent" in_flight
 "${PODMAN[@]}" kill --signal TERM "$NAME" > /dev/null 2>>"$WORK/podman.log"
+# Readiness must drop while draining, so a load balancer stops sending work.
+not_ready() {
+    local code
+    for _ in $(seq 1 20); do
+        code=$(curl -s -o /dev/null -w '%{http_code}' -m 2 "$URL/health" || true)
+        [ "$code" != 200 ] && return 0
+        sleep 0.1
+    done
+    return 1
+}
+check "stop: /health stops answering 200 while draining" not_ready
 exited() {
     for _ in $(seq 1 180); do
         [ "$("${PODMAN[@]}" inspect --format '{{.State.Running}}' "$NAME")" = false ] && return 0
@@ -271,8 +298,8 @@ if [ -f "$ROOT/scripts/gen_checkpoint.py" ]; then
     mkdir -p "$WORK/models"
     /usr/bin/python3 "$ROOT/scripts/gen_checkpoint.py" "$WORK/models" --preset tiny \
         --tokenizer bytes > "$WORK/gen2.log" 2>&1 && chmod -R a+rX "$WORK"
-    "${PODMAN[@]}" run -d --name "$NAME" "${LIMITS[@]}" -p "127.0.0.1:$PORT:8080" \
-        -v "$WORK/models:/models:ro" "$IMAGE" --device cpu > /dev/null 2>>"$WORK/podman.log"
+    check "volume: container starts with a model volume on /models" \
+        start -v "$WORK/models:/models:ro" "$IMAGE" --device cpu
     check "volume: /health with a model mounted on /models" wait_health
     check "volume: the server was given --model /models" pid1_model /models
     "${PODMAN[@]}" stop -t 30 "$NAME" > /dev/null 2>>"$WORK/podman.log"
