@@ -95,6 +95,7 @@ class Server:
         probe.close()
         cmd = [SERVER, "--model", model, "--port", str(self.port), "--threads", "1"] + list(flags)
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=e)
+        _started.append(self.proc)
         threading.Thread(target=self._pump, daemon=True).start()
         deadline = time.time() + 60
         self.url = f"http://127.0.0.1:{self.port}"
@@ -108,6 +109,7 @@ class Server:
             except requests.ConnectionError:
                 pass
             time.sleep(0.05)
+        self.proc.kill()
         raise RuntimeError("kda-server never became healthy:\n" + "".join(self.log_lines))
 
     def _pump(self):
@@ -201,7 +203,15 @@ def sse_events(lines):
     return data, comments
 
 
+_started = []
+
+
 def cleanup():
+    # A test that died half-way must not leave its daemon behind.
+    for p in _started:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
     shutil.rmtree(_tmp, ignore_errors=True)
 
 
