@@ -107,10 +107,10 @@ static int name_map_load(name_map *m, const char *path, char *err, size_t errlen
         lineno++;
         char *hash = strchr(line, '#');
         if (hash) *hash = 0;
-        char a[512], b[512], extra[8];
-        int k = sscanf(line, "%511s %511s %7s", a, b, extra);
+        char a[256], b[256], extra[8];
+        int k = sscanf(line, "%255s %255s %7s", a, b, extra);
         if (k <= 0) continue;
-        if (k != 2 || strlen(a) >= 256 || strlen(b) >= 256) {
+        if (k != 2 || strlen(a) >= 255 || strlen(b) >= 255) { /* 255 = may have been cut */
             snprintf(err, errlen, "name map %s:%d: expected \"canonical-name checkpoint-name\"", path, lineno);
             fclose(f);
             free(m->rules);

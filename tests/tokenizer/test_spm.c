@@ -481,17 +481,17 @@ static void decode_rejects_ids_outside_the_vocabulary(void **state) {
 
 /* Encode/decode share one immutable tokenizer across threads. */
 static void *encode_all(void *arg) {
-    long sum = 0;
+    unsigned long sum = 0; /* a hash: wraps by design */
     for (int i = 0; i < n_cases && i < 300; i++) {
         if (!cases[i].text || cases[i].len > SMALL_CASE) continue;
         int32_t *ids;
         int n;
         char err[256];
         if (tok_encode(T, cases[i].text, cases[i].len, 1, &ids, &n, err, sizeof(err)) != 0) return NULL;
-        for (int j = 0; j < n; j++) sum = sum * 31 + ids[j];
+        for (int j = 0; j < n; j++) sum = sum * 31u + (unsigned long)ids[j];
         free(ids);
     }
-    *(long *)arg = sum;
+    *(long *)arg = (long)sum;
     return arg;
 }
 
