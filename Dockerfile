@@ -9,17 +9,19 @@
 #     --build-arg RUNTIME_IMAGE=docker.io/library/debian:12-slim --build-arg KDA_CUDA=disabled .
 # With podman/buildah pass --format docker: the OCI format has no HEALTHCHECK.
 
-# CUDA 12.8 runs on drivers >= 525 (minor-version compatibility) and targets
-# sm_90a (H100/H200); Ubuntu 24.04 is the first with meson >= 1.0.
-ARG BUILD_IMAGE=docker.io/nvidia/cuda:12.8.1-devel-ubuntu24.04
-ARG RUNTIME_IMAGE=docker.io/nvidia/cuda:12.8.1-runtime-ubuntu24.04
+# CUDA 12.x runs on drivers >= 525 (minor-version compatibility) and targets
+# sm_90a (H100/H200); CUDA 13 needs drivers >= 580. Ubuntu 24.04 is the first
+# Ubuntu with meson >= 1.0.
+ARG CUDA_VERSION=12.8.1
+ARG BUILD_IMAGE=docker.io/nvidia/cuda:${CUDA_VERSION}-devel-ubuntu24.04
+ARG RUNTIME_IMAGE=docker.io/nvidia/cuda:${CUDA_VERSION}-runtime-ubuntu24.04
 
 # ---------------------------------------------------------------- build stage
 FROM ${BUILD_IMAGE} AS build
 # enabled | disabled | auto: -Dcuda for meson. The CUDA devel image has nvcc.
 ARG KDA_CUDA=enabled
-# Empty keeps meson_options.txt's default (-gencode for sm_90a).
-ARG CUDA_ARCH=
+# nvcc target flags; empty keeps meson_options.txt's default (sm_90a).
+ARG NVCC_GENCODE=
 ENV DEBIAN_FRONTEND=noninteractive
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
@@ -32,7 +34,7 @@ RUN apt-get update \
 WORKDIR /src
 COPY . .
 RUN meson setup /build -Dbuildtype=release -Dcuda=${KDA_CUDA} -Dserver=enabled \
-      -Dtests=disabled ${CUDA_ARCH:+-Dcuda_arch=${CUDA_ARCH}} \
+      -Dtests=disabled ${NVCC_GENCODE:+"-Dnvcc_gencode=${NVCC_GENCODE}"} \
  && ninja -C /build \
  && mkdir -p /out/bin \
  && cp /build/server/kda-server /build/cli/kda-cli /out/bin/ \
