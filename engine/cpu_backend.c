@@ -29,6 +29,9 @@
 
 #define KDA_CHUNK 64        /* chunked form above this many tokens per call (as fla does) */
 #define LOGIT_ROWS 32       /* logits computed this many rows at a time */
+/* Below this many multiply-adds a loop runs on one thread: waking the team
+ * costs more than the work (tiny models, single decode tokens). */
+#define PAR_MIN_WORK (1 << 16)
 
 typedef struct {
     float *S;      /* [n_kda][H][K][V] recurrent state */
@@ -50,7 +53,7 @@ typedef struct {
     backend base;
     const model_config *c;
     const model_weights *w;
-    int max_seqs, cap;
+    int max_seqs, cap, threads;
     int n_kda, n_gqa;
     int kda_idx[KDA_MAX_LAYERS], gqa_idx[KDA_MAX_LAYERS];
     layer_vecs *vec;
@@ -147,7 +150,8 @@ static void kda_layer_forward(cpu_backend *b, int li, const step_item *items, in
     matmul_tv(low, a, &L->g0, N);
     matmul_tv(G, low, &L->g1, N);
 
-#pragma omp parallel for schedule(static)
+    const int par = (long)N * HK * 16 >= PAR_MIN_WORK;
+#pragma omp parallel for schedule(static) if (par)
     for (int t = 0; t < N; t++) {
         kda_gate_f32(gk + (size_t)t * HK, gk + (size_t)t * HK, lv->A_log, lv->dt_bias, H, K);
         for (int h = 0; h < H; h++) bt[(size_t)t * H + h] = sigmoid_f32(bt[(size_t)t * H + h]);
@@ -166,7 +170,7 @@ static void kda_layer_forward(cpu_backend *b, int li, const step_item *items, in
     }
 
     const float qscale = 1.0f / sqrtf((float)K);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (par)
     for (int t = 0; t < N; t++)
         for (int h = 0; h < H; h++) {
             float *qh = q + (size_t)t * HK + (size_t)h * K;
@@ -176,7 +180,7 @@ static void kda_layer_forward(cpu_backend *b, int li, const step_item *items, in
         }
 
     /* recurrence: independent per (sequence, head) */
-#pragma omp parallel for schedule(dynamic)
+#pragma omp parallel for schedule(dynamic) if ((long)N * H * K * V * 4 >= PAR_MIN_WORK)
     for (int ih = 0; ih < n * H; ih++) {
         const int i = ih / H, h = ih % H;
         const int T = items[i].it->n_tokens;
@@ -192,7 +196,7 @@ static void kda_layer_forward(cpu_backend *b, int li, const step_item *items, in
     }
 
     /* gated output norm: RMSNorm(o_h) * sigmoid(G_h) */
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (par)
     for (int t = 0; t < N; t++)
         for (int h = 0; h < H; h++) {
             float *oh = o + (size_t)t * HV + (size_t)h * V;
@@ -238,7 +242,7 @@ static void gqa_layer_forward(cpu_backend *b, int li, const step_item *items, in
             memcpy(vc + (size_t)(pos0 + t) * KD, v + r * KD, (size_t)KD * sizeof(float));
         }
     }
-#pragma omp parallel for schedule(dynamic)
+#pragma omp parallel for schedule(dynamic) if (n > 1 && (long)N * (items[0].pos + N) * Hq * hd >= PAR_MIN_WORK)
     for (int i = 0; i < n; i++) {
         cpu_slot *s = &b->slots[items[i].slot];
         const size_t r0 = (size_t)off[i];
@@ -303,6 +307,10 @@ static int cpu_step(backend *bb, const step_item *items, int n, char *err, size_
     cpu_backend *b = (cpu_backend *)bb;
     const model_config *c = b->c;
     const int D = c->d, vocab = c->vocab;
+#ifdef _OPENMP
+    /* per calling thread: the server steps from its scheduler thread, not the opener */
+    omp_set_num_threads(b->threads);
+#endif
     int *off = malloc((size_t)(n + 1) * sizeof(int));
     if (!off) goto oom;
     int N = 0;
@@ -388,7 +396,7 @@ int cpu_backend_create(backend **out, const backend_params *p, char *err, size_t
     b->max_seqs = p->max_seqs;
     b->cap = p->max_seq_len;
 #ifdef _OPENMP
-    if (p->threads > 0) omp_set_num_threads(p->threads);
+    b->threads = p->threads > 0 ? p->threads : omp_get_num_procs();
 #endif
     const model_config *c = p->cfg;
     for (int l = 0; l < c->n_layers; l++) {

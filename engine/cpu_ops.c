@@ -100,7 +100,8 @@ void matmul_tv(float *y, const float *x, const tensor_view *W, int T)
     const int64_t R = W->rows;
     const int C = (int)W->cols;
     const dtype_t dt = W->dtype;
-#pragma omp parallel
+    /* one thread for small products: waking the team costs more than the work */
+#pragma omp parallel if ((long)R * C * T >= (1 << 16))
     {
         float *row = dt == DT_F16 ? malloc((size_t)C * sizeof(float)) : NULL;
 #pragma omp for schedule(static)
