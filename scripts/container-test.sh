@@ -81,10 +81,10 @@ if [ ${#need[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
         note "installing ${need[*]}"
         { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-            podman buildah runc debootstrap uidmap slirp4netns fuse-overlayfs curl >/dev/null; } \
+            podman runc debootstrap curl >/dev/null; } \
             || { fail "apt-get install ${need[*]}"; exit 1; }
     else
-        fail "missing tools: ${need[*]} (apt-get install podman buildah runc debootstrap curl)"
+        fail "missing tools: ${need[*]} (apt-get install podman runc debootstrap curl)"
         exit 1
     fi
 fi
@@ -141,7 +141,9 @@ if [ ! -f "$ROOT/models/demo/config.json" ]; then
     note "models/demo/ missing: baking a generated tiny checkpoint instead"
     CONTEXT=$WORK/context
     mkdir -p "$CONTEXT/models"
-    (cd "$ROOT" && tar --exclude='./build*' --exclude=./.git -cf - .) | tar -C "$CONTEXT" -xf -
+    # Tracked and untracked-but-not-ignored files: what a commit would hold.
+    (cd "$ROOT" && git ls-files -z -co --exclude-standard \
+        | tar --null --ignore-failed-read -T - -cf - 2>/dev/null) | tar -C "$CONTEXT" -xf -
     /usr/bin/python3 "$ROOT/scripts/gen_checkpoint.py" "$CONTEXT/models/demo" \
         --preset tiny --tokenizer bytes > "$WORK/gen.log" 2>&1 \
         || { cat "$WORK/gen.log"; fail "generate a tiny checkpoint"; exit 1; }
