@@ -5,7 +5,8 @@
 #   2. the Dockerfile built against it (build args pick the CPU variant);
 #   3. the image run with a published loopback port: /health, a streamed
 #      completion, a scored text, /metrics, the HEALTHCHECK, non-root, PID 1;
-#   4. SIGTERM during a streamed request: the request finishes, exit code 0.
+#   4. a model on a /models volume, and SIGTERM during a streamed request:
+#      the request finishes, /health drops to 503, exit code 0.
 # Needs root, podman (runc), debootstrap and the Debian mirror; installs the
 # missing Debian packages itself when run as root with apt.
 #
