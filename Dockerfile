@@ -46,9 +46,16 @@ RUN meson setup /build -Dbuildtype=release -Dcuda=${KDA_CUDA} -Dserver=enabled \
 FROM ${RUNTIME_IMAGE} AS runtime
 ENV DEBIAN_FRONTEND=noninteractive
 COPY --from=build /out/runtime-packages.txt /tmp/runtime-packages.txt
-RUN apt-get update \
- && xargs -a /tmp/runtime-packages.txt apt-get install -y --no-install-recommends \
- && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /tmp/runtime-packages.txt \
+# Only the packages the base lacks: `apt-get install` of one already there
+# would upgrade it, and a newer libcublas would add a second copy of it.
+RUN missing=$(for p in $(cat /tmp/runtime-packages.txt); do \
+        dpkg-query -W -f '${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || echo "$p"; done) \
+ && if [ -n "$missing" ]; then \
+        echo "installing: $missing" \
+        && apt-get update && apt-get install -y --no-install-recommends $missing \
+        && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin; \
+    fi \
+ && rm /tmp/runtime-packages.txt \
  && useradd --system --uid 10001 --user-group --no-create-home \
       --home-dir /nonexistent --shell /usr/sbin/nologin kda
 
