@@ -148,9 +148,14 @@ class KDAConfig:
 # ----------------------------------------------------------------------------
 # building blocks (all norms in fp32, weight applied as w, never 1 + w)
 
+def f32(x):
+    """At least fp32: half types are widened, fp64 (the tests' oracle runs) is kept."""
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+
+
 def rms_norm(x, w, eps):
-    xf = x.float()
-    return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.float()
+    xf = f32(x)
+    return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * f32(w)
 
 
 class RMSNorm(nn.Module):
@@ -303,12 +308,12 @@ class KDAMixer(nn.Module):
         q = self.q_conv1d(self.q_proj(a))
         k = self.k_conv1d(self.k_proj(a))
         v = self.v_conv1d(self.v_proj(a))
-        graw = self.f_proj(a).float()
-        gk = -torch.exp(self.A_log.float()).repeat_interleave(K) * F.softplus(graw + self.dt_bias.float())
-        beta = torch.sigmoid(self.b_proj(a).float())
-        q = l2_norm(q.float().view(B, T, H, K)) * (K ** -0.5)
-        k = l2_norm(k.float().view(B, T, H, K))
-        v = v.float().view(B, T, H, V)
+        graw = f32(self.f_proj(a))
+        gk = -torch.exp(f32(self.A_log)).repeat_interleave(K) * F.softplus(graw + f32(self.dt_bias))
+        beta = torch.sigmoid(f32(self.b_proj(a)))
+        q = l2_norm(f32(q).view(B, T, H, K)) * (K ** -0.5)
+        k = l2_norm(f32(k).view(B, T, H, K))
+        v = f32(v).view(B, T, H, V)
         gk = gk.view(B, T, H, K)
         impl = self.kda_impl
         fla = fla_kernel() if impl in ("auto", "fla") and a.is_cuda else None
@@ -326,8 +331,8 @@ class KDAMixer(nn.Module):
                 else:
                     o, _ = kda_chunked(*args, chunk=self.chunk)
             o = o.transpose(1, 2)                                   # [B,T,H,V]
-        G = self.g_proj(a).float().view(B, T, H, V)
-        y = rms_norm(o.float(), self.o_norm.weight, self.eps) * torch.sigmoid(G)
+        G = f32(self.g_proj(a)).view(B, T, H, V)
+        y = rms_norm(f32(o), self.o_norm.weight, self.eps) * torch.sigmoid(G)
         return self.o_proj(y.reshape(B, T, H * V).type_as(a))
 
 
@@ -380,7 +385,7 @@ class GQAMixer(nn.Module):
         q = rms_norm(self.q_proj(a).view(B, T, Hq, hd), self.q_norm.weight, self.eps)
         k = rms_norm(self.k_proj(a).view(B, T, Hkv, hd), self.k_norm.weight, self.eps)
         v = self.v_proj(a).view(B, T, Hkv, hd)
-        cos, sin = rope_tables(self.rope_dim, self.theta, T, a.device)
+        cos, sin = (t.to(q.dtype) for t in rope_tables(self.rope_dim, self.theta, T, a.device))
         q = apply_rope(q, cos, sin, self.rope_dim).type_as(v).transpose(1, 2)
         k = apply_rope(k, cos, sin, self.rope_dim).type_as(v).transpose(1, 2)
         v = v.transpose(1, 2)
@@ -465,7 +470,7 @@ class KDAForCausalLM(nn.Module):
             h = blk(h)
         h = self.model.norm(h)
         w = self.model.embeddings.weight if self.config.tie_word_embeddings else self.lm_head.weight
-        return F.linear(h, w.type_as(h)).float()
+        return f32(F.linear(h, w.type_as(h)))
 
     def num_params(self):
         return sum(p.numel() for p in self.parameters())

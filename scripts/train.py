@@ -407,6 +407,9 @@ def cmd_train(a):
     meta = {"trainer": "scripts/train.py", "steps": step, "seed": a.seed}
     kt.export_model(model.cpu(), export_dir, dtype=a.export_dtype.upper(), tokenizer_model=tok.model_file,
                     metadata=meta)
+    if device.startswith("cuda"):   # the figure is fp32 math, as the CPU engine computes it
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
     em = kt.load_exported(export_dir, device)
     em.set_kda_impl("chunked" if a.kda_impl == "fla" else a.kda_impl, a.chunk)
     r = heldout_loss(em, val_windows, device, a.eval_batch, None, tok)  # fp32 math, as the CPU engine
