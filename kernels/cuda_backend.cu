@@ -104,7 +104,7 @@ typedef struct {
     int *nblk;                  /* [max_seqs] blocks held */
     int *free_blocks, n_free;
     /* activations */
-    float *h, *proj, *q, *opart, *ml, *logits, *lse, *tlp;
+    float *h, *proj, *q, *opart, *ml, *logits, *lse, *tlp, *lowrank;
     uint16_t *xn, *act, *ybuf;
     int rs_cap;                 /* rows x splits the attention scratch holds */
     int32_t *d_meta;            /* device copy of step_meta arrays, 9 x TM */
@@ -287,6 +287,8 @@ static int forward(cuda_backend *b, int T, int n_items, int n_out, int split, ch
             a.H = b->H, a.K = b->K, a.V = b->Vh, a.R = b->R, a.taps = b->taps;
             a.y = b->ybuf;
             a.ldy = b->HV;
+            a.lowrank = b->lowrank;
+            a.lowrank_rows = T;
             KK(kc_kda_step(&a, s));
             ycols = b->HV;
         } else {
@@ -779,6 +781,7 @@ int cuda_backend_create(backend **out, const backend_params *p, char *err, size_
             b->h = (float *)carve(&cv, (size_t)TM * D * 4);
             b->proj = (float *)carve(&cv, (size_t)TM * b->ldp * 4);
             b->q = (float *)carve(&cv, (size_t)TM * b->Hq * b->hd * 4 + 4);
+            b->lowrank = (float *)carve(&cv, (size_t)TM * (b->HK + b->HV) * 4 + 4);
             b->opart = (float *)carve(&cv, (size_t)b->rs_cap * b->Hq * b->hd * 4 + 4);
             b->ml = (float *)carve(&cv, (size_t)b->rs_cap * b->Hq * 2 * 4 + 4);
             b->logits = (float *)carve(&cv, (size_t)TM * b->vocab * 4);

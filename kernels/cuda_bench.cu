@@ -205,9 +205,13 @@ extern "C" int cuda_bench_kernels(FILE *json, FILE *table)
         fill_bf16(w, (size_t)R * (HK + HV) * 2, 6);
         a.proj = proj, a.state = state, a.convw = vecs, a.g_bias = vecs + C * 4, a.A_log = a.g_bias + HV;
         a.dt_bias = a.A_log + H, a.onorm = a.dt_bias + HK, a.f1t = w, a.g1t = w + (size_t)R * HK, a.y = y;
+        float *lr;
+        cudaMalloc((void **)&lr, (size_t)B * (HK + HV) * 4);
+        a.lowrank = lr, a.lowrank_rows = B;
         ms = median_ms(run_kda, &a, 20);
+        cudaFree(lr);
         char name[128];
-        snprintf(name, sizeof name, "kda_step B=%d (state read+write)", B);
+        snprintf(name, sizeof name, "kda lowrank+step B=%d (state read+write)", B);
         emit(json, table, &first, name, 2.0 * B * H * K * V * 4, ms, copy_tbs);
         cudaFree(proj), cudaFree(state), cudaFree(vecs), cudaFree(w), cudaFree(y), cudaFree(dmeta);
         free(meta);

@@ -72,6 +72,10 @@ typedef struct {
     int H, K, V, R, taps;
     uint16_t *y;           /* [T, ldy] bf16 gated output, cols h*V.. */
     int ldy;
+    /* optional scratch [lowrank_rows, H*K + H*V] fp32: when set, F1 f0 and
+     * G1 g0 are computed for all rows by a separate GEMM-like kernel first */
+    float *lowrank;
+    int lowrank_rows;
 } kc_kda_args;
 int kc_kda_step(const kc_kda_args *a, cudaStream_t s);
 

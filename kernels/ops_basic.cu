@@ -71,10 +71,28 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 gemv_kernel(void *y, int ldy, const bf16 *__restrict__ W, int N, int K, const void *x, int ldx,
             const float *__restrict__ normw, float eps)
 {
+    /* One warp per output (SwiGLU: its gate and up rows). The first PRE
+     * 16-byte chunks of the weight rows are requested before the input is
+     * staged, so the staging latency hides behind the weight stream. */
+    constexpr int PRE = 4, NR = OUT == KC_OUT_SWIGLU ? 2 : 1;
     extern __shared__ uint4 xs4[]; /* [T][K/8] */
     __shared__ float red[32];
     bf16 *xs = (bf16 *)xs4;
     const int K8 = K / 8;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int r0 = blockIdx.x * GEMV_WARPS + warp;
+    const bool live = r0 < N;
+    const uint4 *wr[NR];
+    wr[0] = (const uint4 *)(W + (size_t)(live ? r0 : 0) * K);
+    if (NR == 2) wr[NR - 1] = (const uint4 *)(W + (size_t)(live ? N + r0 : 0) * K);
+    uint4 pre[NR][PRE];
+#pragma unroll
+    for (int u = 0; u < PRE; u++) {
+        const int c = lane + 32 * u;
+#pragma unroll
+        for (int q = 0; q < NR; q++)
+            if (live && c < K8) pre[q][u] = __ldg(wr[q] + c);
+    }
     if (IN == KC_IN_NORM) {
         for (int t = 0; t < T; t++) {
             const float *xr = (const float *)x + (size_t)t * ldx;
@@ -91,53 +109,53 @@ gemv_kernel(void *y, int ldy, const bf16 *__restrict__ W, int N, int K, const vo
         }
     }
     __syncthreads();
-
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int r0, r1;
-    if (OUT == KC_OUT_SWIGLU) {
-        r0 = blockIdx.x * GEMV_WARPS + warp; /* output f: gate row f, up row N + f */
-        if (r0 >= N) return;
-        r1 = N + r0;
-    } else {
-        r0 = (blockIdx.x * GEMV_WARPS + warp) * 2;
-        if (r0 >= N) return;
-        r1 = r0 + 1 < N ? r0 + 1 : r0;
-    }
-    const uint4 *w0 = (const uint4 *)(W + (size_t)r0 * K), *w1 = (const uint4 *)(W + (size_t)r1 * K);
-    float a0[T], a1[T];
+    if (!live) return;
+    float acc[NR][T];
 #pragma unroll
-    for (int t = 0; t < T; t++) a0[t] = a1[t] = 0.0f;
-#pragma unroll 4
-    for (int c = lane; c < K8; c += 32) {
-        const uint4 u0 = __ldg(w0 + c), u1 = __ldg(w1 + c);
-        float f0[8], f1[8];
-        bf8_to_f(u0, f0);
-        bf8_to_f(u1, f1);
+    for (int q = 0; q < NR; q++)
+#pragma unroll
+        for (int t = 0; t < T; t++) acc[q][t] = 0.0f;
+    auto consume = [&](const uint4 (&wv)[NR], int c) {
+        float wf[NR][8];
+#pragma unroll
+        for (int q = 0; q < NR; q++) bf8_to_f(wv[q], wf[q]);
 #pragma unroll
         for (int t = 0; t < T; t++) {
             float xf[8];
             bf8_to_f(xs4[t * K8 + c], xf);
 #pragma unroll
-            for (int e = 0; e < 8; e++) {
-                a0[t] = fmaf(f0[e], xf[e], a0[t]);
-                a1[t] = fmaf(f1[e], xf[e], a1[t]);
-            }
+            for (int q = 0; q < NR; q++)
+#pragma unroll
+                for (int e = 0; e < 8; e++) acc[q][t] = fmaf(wf[q][e], xf[e], acc[q][t]);
         }
+    };
+#pragma unroll
+    for (int u = 0; u < PRE; u++) {
+        const int c = lane + 32 * u;
+        if (c < K8) {
+            uint4 wv[NR];
+#pragma unroll
+            for (int q = 0; q < NR; q++) wv[q] = pre[q][u];
+            consume(wv, c);
+        }
+    }
+#pragma unroll 4
+    for (int c = lane + 32 * PRE; c < K8; c += 32) {
+        uint4 wv[NR];
+#pragma unroll
+        for (int q = 0; q < NR; q++) wv[q] = __ldg(wr[q] + c);
+        consume(wv, c);
     }
 #pragma unroll
     for (int t = 0; t < T; t++) {
-        const float s0 = warp_sum(a0[t]), s1 = warp_sum(a1[t]);
+        const float s0 = warp_sum(acc[0][t]), s1 = warp_sum(acc[NR - 1][t]);
         if (lane != 0) continue;
         if (OUT == KC_OUT_SWIGLU) {
             ((bf16 *)y)[(size_t)t * ldy + r0] = f2bf(siluf_(s0) * s1);
         } else if (OUT == KC_OUT_ADD) {
-            float *yr = (float *)y + (size_t)t * ldy;
-            yr[r0] += s0;
-            if (r1 != r0) yr[r1] += s1;
+            ((float *)y)[(size_t)t * ldy + r0] += s0;
         } else {
-            float *yr = (float *)y + (size_t)t * ldy;
-            yr[r0] = s0;
-            if (r1 != r0) yr[r1] = s1;
+            ((float *)y)[(size_t)t * ldy + r0] = s0;
         }
     }
 }
@@ -152,8 +170,7 @@ static int gemv_launch(void *y, int ldy, const bf16 *W, int N, int K, const void
         cudaFuncSetAttribute(gemv_kernel<T, IN, OUT>, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024);
         attr_done = 1;
     }
-    const int per_block = OUT == KC_OUT_SWIGLU ? GEMV_WARPS : GEMV_WARPS * 2;
-    const int grid = (N + per_block - 1) / per_block;
+    const int grid = (N + GEMV_WARPS - 1) / GEMV_WARPS;
     gemv_kernel<T, IN, OUT><<<grid, GEMV_WARPS * 32, smem, s>>>(y, ldy, W, N, K, x, ldx, nw, eps);
     KC_LAUNCH_CHECK();
     return 0;

@@ -89,10 +89,11 @@ __global__ void __launch_bounds__(256, 2) kda_step_kernel(kc_kda_args a)
             vv = siluf_(sv);
             tv[0] = tv[1]; tv[1] = tv[2]; tv[2] = xv;
         }
-        for (int r = j; r < R; r += blockDim.x) {
-            f0_s[r] = pr[a.off_f0 + r];
-            g0_s[r] = pr[a.off_g0 + r];
-        }
+        if (!a.lowrank)
+            for (int r = j; r < R; r += blockDim.x) {
+                f0_s[r] = pr[a.off_f0 + r];
+                g0_s[r] = pr[a.off_g0 + r];
+            }
         const float beta = sigmoidf_(pr[a.off_beta + h]);
         const float ssq = block_sum(qv * qv, red);
         const float ssk = block_sum(kv * kv, red); /* its barriers also publish f0_s/g0_s */
@@ -100,12 +101,18 @@ __global__ void __launch_bounds__(256, 2) kda_step_kernel(kc_kda_args a)
             q_s[j] = qv * (1.0f / sqrtf(ssq + 1e-6f)) * qscale;
             k_s[j] = kv * (1.0f / sqrtf(ssk + 1e-6f));
             float g = 0.0f;
-            for (int r = 0; r < R; r++) g += bf2f(((const bf16 *)a.f1t)[(size_t)r * HK + cq]) * f0_s[r];
+            if (a.lowrank)
+                g = a.lowrank[row * (HK + HV) + cq];
+            else
+                for (int r = 0; r < R; r++) g += bf2f(((const bf16 *)a.f1t)[(size_t)r * HK + cq]) * f0_s[r];
             eg_s[j] = expf(a_h * softplusf_(g + a.dt_bias[cq]));
         }
         if (vch) {
             float G = 0.0f;
-            for (int r = 0; r < R; r++) G += bf2f(((const bf16 *)a.g1t)[(size_t)r * HV + h * V + j]) * g0_s[r];
+            if (a.lowrank)
+                G = a.lowrank[row * (HK + HV) + HK + h * V + j];
+            else
+                for (int r = 0; r < R; r++) G += bf2f(((const bf16 *)a.g1t)[(size_t)r * HV + h * V + j]) * g0_s[r];
             G_s[j] = G + (a.g_bias ? a.g_bias[h * V + j] : 0.0f);
         }
         __syncthreads();
@@ -135,7 +142,7 @@ __global__ void __launch_bounds__(256, 2) kda_step_kernel(kc_kda_args a)
         const float sso = block_sum(writer ? o * o : 0.0f, red);
         if (writer) {
             const float r = 1.0f / sqrtf(sso / V + a.eps);
-            a.y[row * a.ldy + h * V + sc] = f2bf(o * r * a.onorm[sc] * sigmoidf_(G_s[sc]));
+            ((bf16 *)a.y)[row * a.ldy + h * V + sc] = f2bf(o * r * a.onorm[sc] * sigmoidf_(G_s[sc]));
         }
     }
     if (scol) {
@@ -155,6 +162,37 @@ __global__ void __launch_bounds__(256, 2) kda_step_kernel(kc_kda_args a)
     }
 }
 
+/* graw = F1 f0 and G = G1 g0 for all rows before the step kernel, so the
+ * step kernel's critical path is the state alone. 8 rows per block share
+ * each weight load; out [T, HK + HV] (graw | G). */
+#define LR_ROWS 8
+__global__ void __launch_bounds__(256) kda_lowrank_kernel(kc_kda_args a, int T, int K)
+{
+    __shared__ float xs[LR_ROWS][2 * KDA_MAX_R];
+    const int HK = a.H * K, HV = a.H * a.V, R = a.R, t0 = blockIdx.x * LR_ROWS;
+    for (int i = threadIdx.x; i < LR_ROWS * 2 * R; i += blockDim.x) {
+        const int rr = i / (2 * R), r = i % (2 * R), t = t0 + rr;
+        xs[rr][r] = t < T ? a.proj[(size_t)t * a.ldp + (r < R ? a.off_f0 + r : a.off_g0 + r - R)] : 0.0f;
+    }
+    __syncthreads();
+    const int c = blockIdx.y * blockDim.x + threadIdx.x;
+    if (c >= HK + HV) return;
+    const bf16 *w = c < HK ? (const bf16 *)a.f1t + c : (const bf16 *)a.g1t + (c - HK);
+    const int ld = c < HK ? HK : HV, xo = c < HK ? 0 : R;
+    float acc[LR_ROWS];
+#pragma unroll
+    for (int i = 0; i < LR_ROWS; i++) acc[i] = 0.0f;
+#pragma unroll 8
+    for (int r = 0; r < R; r++) {
+        const float wv = bf2f(w[(size_t)r * ld]);
+#pragma unroll
+        for (int i = 0; i < LR_ROWS; i++) acc[i] += wv * xs[i][xo + r];
+    }
+#pragma unroll
+    for (int i = 0; i < LR_ROWS; i++)
+        if (t0 + i < T) a.lowrank[(size_t)(t0 + i) * (HK + HV) + c] = acc[i];
+}
+
 int kc_kda_step(const kc_kda_args *a, cudaStream_t s)
 {
     if (a->n_items <= 0) return 0;
@@ -162,6 +200,11 @@ int kc_kda_step(const kc_kda_args *a, cudaStream_t s)
     const int sp = a->K >= 128 ? 2 : 1;
     int threads = a->V * sp > a->K ? a->V * sp : a->K;
     threads = (threads + 31) / 32 * 32;
+    if (a->lowrank) {
+        const int T = a->lowrank_rows, cols = a->H * (a->K + a->V);
+        kda_lowrank_kernel<<<dim3((T + LR_ROWS - 1) / LR_ROWS, (cols + 255) / 256), 256, 0, s>>>(*a, T, a->K);
+        KC_LAUNCH_CHECK();
+    }
     dim3 grid(a->n_items, a->H);
     switch (a->K) {
     case 16: kda_step_kernel<16><<<grid, threads, 0, s>>>(*a); break;

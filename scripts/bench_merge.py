@@ -25,7 +25,17 @@ def commit():
 
 def merge(ours_path, base_path):
     ours = json.load(open(ours_path))
-    base = json.load(open(base_path)) if os.path.exists(base_path) else []
+    base = []
+    if os.path.exists(base_path):
+        base = json.load(open(base_path))
+    else:  # the baseline was cut short: take the JSON lines it printed
+        txt = os.path.join(os.path.dirname(base_path), "baseline.txt")
+        for line in open(txt) if os.path.exists(txt) else []:
+            if line.startswith("{"):
+                try:
+                    base.append(json.loads(line))
+                except ValueError:
+                    pass
     env = next((r for r in base if r.get("kind") == "env"), {})
     bdec = {}
     for r in base:
@@ -44,7 +54,7 @@ def merge(ours_path, base_path):
             row["target_met"] = 0 < d["ms_step"] <= TARGETS[key]
         rows.append(row)
     return {
-        "date": datetime.datetime.utcnow().strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "gpu": ours.get("device", env.get("gpu")),
         "commit": commit(),
         "model": "DM-KDAGQA-1.7B shape, random bf16 weights",

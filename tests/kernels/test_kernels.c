@@ -161,7 +161,7 @@ static void test_embed_gathers_rows_and_zeroes_padding(void **st)
 }
 
 /* ---- KDA step ---- */
-static void run_kda_case(int H, int K, int taps, const int *ntok, const int *slots, int n_items)
+static void run_kda_case(int H, int K, int taps, const int *ntok, const int *slots, int n_items, int lowrank)
 {
     const int V = K, R = V, HK = H * K, HV = H * V, C = 2 * HK + HV, P = taps - 1;
     const int off_f0 = C, off_g0 = C + R, off_beta = C + 2 * R, ldp = C + 2 * R + H + 3; /* odd stride */
@@ -254,6 +254,10 @@ static void run_kda_case(int H, int K, int taps, const int *ntok, const int *slo
     a.H = H, a.K = K, a.V = V, a.R = R, a.taps = taps;
     a.y = kt_dev_poison((size_t)T * HV * 2);
     a.ldy = HV;
+    if (lowrank) { /* F1/G1 by the separate kernel into a poisoned scratch */
+        a.lowrank = kt_dev_poison((size_t)T * (HK + HV) * 4);
+        a.lowrank_rows = T;
+    }
     assert_int_equal(kc_kda_step(&a, 0), 0);
     float *gy = kt_get_bf16(a.y, (size_t)T * HV), *gs = malloc(slot_stride * n_slots * 4);
     kt_get(gs, a.state, slot_stride * n_slots * 4);
@@ -264,7 +268,7 @@ static void run_kda_case(int H, int K, int taps, const int *ntok, const int *slo
             continue;
         }
         double e = kt_rel(gy + (size_t)row0[i] * HV, ref_y + (size_t)row0[i] * HV, (size_t)ntok[i] * HV);
-        printf("kda H=%d K=%d item %d (%d tokens) out rel %.2e\n", H, K, i, ntok[i], e);
+        printf("kda H=%d K=%d lowrank=%d item %d (%d tokens) out rel %.2e\n", H, K, lowrank, i, ntok[i], e);
         assert_true(e < 1e-2);
     }
     for (int s = 0; s < n_slots; s++) {
@@ -279,15 +283,18 @@ static void run_kda_case(int H, int K, int taps, const int *ntok, const int *slo
     cudaFree((void *)a.proj), cudaFree((void *)a.item_row0), cudaFree((void *)a.item_ntok), cudaFree((void *)a.item_slot);
     cudaFree(a.state), cudaFree((void *)a.convw), cudaFree((void *)a.f1t), cudaFree((void *)a.g1t);
     cudaFree((void *)a.g_bias), cudaFree((void *)a.A_log), cudaFree((void *)a.dt_bias), cudaFree((void *)a.onorm), cudaFree(a.y);
+    if (a.lowrank) cudaFree(a.lowrank);
 }
 
 static void test_kda_step_matches_reference(void **st)
 {
     (void)st;
-    { const int nt[] = {1, 3, 17, 2}, sl[] = {2, -1, 0, 3}; run_kda_case(2, 16, 4, nt, sl, 4); }
-    { const int nt[] = {1, 1, 1}, sl[] = {1, 3, 0}; run_kda_case(3, 64, 4, nt, sl, 3); }
-    { const int nt[] = {1, 5, 1, 70}, sl[] = {0, 1, -1, 3}; run_kda_case(4, 128, 4, nt, sl, 4); }
-    { const int nt[] = {2, 1}, sl[] = {1, 2}; run_kda_case(2, 32, 3, nt, sl, 2); }
+    for (int lr = 0; lr < 2; lr++) {
+        { const int nt[] = {1, 3, 17, 2}, sl[] = {2, -1, 0, 3}; run_kda_case(2, 16, 4, nt, sl, 4, lr); }
+        { const int nt[] = {1, 1, 1}, sl[] = {1, 3, 0}; run_kda_case(3, 64, 4, nt, sl, 3, lr); }
+        { const int nt[] = {1, 5, 1, 70}, sl[] = {0, 1, -1, 3}; run_kda_case(4, 128, 4, nt, sl, 4, lr); }
+        { const int nt[] = {2, 1}, sl[] = {1, 2}; run_kda_case(2, 32, 3, nt, sl, 2, lr); }
+    }
 }
 
 /* ---- GQA: qkv (norm + RoPE + append) and attention over a paged cache ---- */
