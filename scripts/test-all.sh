@@ -24,7 +24,7 @@ UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=detect_leaks=1 \
 logs+=(build-asan/meson-logs/testlog.json)
 
 if [ "${KDA_CONTAINER_TEST:-1}" = 1 ] && [ -x scripts/container-test.sh ]; then
-  meson test -C build --suite container --logbase container --print-errorlogs || rc=1
+  KDA_CONTAINER_TEST=1 meson test -C build --suite container --logbase container --print-errorlogs || rc=1
   logs+=(build/meson-logs/container.json)
 fi
 
