@@ -172,7 +172,9 @@ int kda_seq_new(kda_engine *e, int *seq_id, char *err, size_t errlen)
 
 void kda_seq_free(kda_engine *e, int id)
 {
-    if (id >= 0 && id < e->max_seqs) e->seqs[id].in_use = 0;
+    if (id < 0 || id >= e->max_seqs || !e->seqs[id].in_use) return;
+    e->seqs[id].in_use = 0;
+    if (e->be->seq_release) e->be->seq_release(e->be, id);
 }
 
 int kda_seq_len(const kda_engine *e, int id)

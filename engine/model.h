@@ -139,6 +139,9 @@ struct backend {
      * no clearing: reads stop at pos). May allocate the slot's storage on first
      * use (CPU); fails with KDA_ENOMEM when it cannot. */
     int (*seq_reset)(backend *b, int slot, char *err, size_t errlen);
+    /* The sequence in slot is gone: give back what it holds beyond its fixed
+     * slot (the CUDA backend's KV blocks), so admission sees the free memory. */
+    void (*seq_release)(backend *b, int slot);
     int (*step)(backend *b, const step_item *items, int n, char *err, size_t errlen);
     void (*destroy)(backend *b);
     size_t pool_bytes;

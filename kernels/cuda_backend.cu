@@ -350,6 +350,12 @@ static void kv_release(cuda_backend *b, int slot)
     b->nblk[slot] = 0;
 }
 
+static void cuda_seq_release(backend *bb, int slot)
+{
+    cuda_backend *b = (cuda_backend *)bb;
+    if (slot >= 0 && slot < b->max_seqs) kv_release(b, slot);
+}
+
 static int cuda_seq_reset(backend *bb, int slot, char *err, size_t errlen)
 {
     cuda_backend *b = (cuda_backend *)bb;
@@ -971,6 +977,7 @@ int cuda_backend_create(backend **out, const backend_params *p, char *err, size_
 
     b->base.name = "cuda";
     b->base.seq_reset = cuda_seq_reset;
+    b->base.seq_release = cuda_seq_release;
     b->base.step = cuda_step;
     b->base.destroy = cuda_destroy;
     b->base.pool_bytes = b->pool_size;
