@@ -70,9 +70,9 @@ void tv_vec_f32(const tensor_view *t, float *out) { convert_row(t->data, t->dtyp
 /* The dot products every matmul uses: one function per weight dtype, applied
  * to every (token, row) pair, so an output element is bit-identical whatever
  * the batch composition. bf16 rows are widened inside the loop (a shift), which
- * keeps batch-1 decode at memory speed; target_clones picks AVX2+FMA where the
+ * keeps batch-1 decode at memory speed; target_clones picks an AVX2 version where the
  * CPU has it (a given machine always runs the same clone). */
-#define DOT_CLONES __attribute__((target_clones("arch=haswell", "default")))
+#define DOT_CLONES __attribute__((target_clones("avx2", "default")))
 
 DOT_CLONES static float dot_f32(const float *a, const float *b, int n)
 {
