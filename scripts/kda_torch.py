@@ -14,11 +14,15 @@ chunked Triton kernel instead of the PyTorch chunked form.
 import json
 import math
 import os
+import sys
 
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import safetensors_io as st  # noqa: E402
 
 # ----------------------------------------------------------------------------
 # config
@@ -477,71 +481,26 @@ class KDAForCausalLM(nn.Module):
 
 
 # ----------------------------------------------------------------------------
-# safetensors (json header + raw little-endian data), no external package
+# safetensors: scripts/safetensors_io.py (json + numpy, no external package)
 
-def f32_to_bf16_bits(a):
-    """float32 array -> uint16 bf16 bits, round to nearest even (NaN kept NaN)."""
-    u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    r = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
-    nan = np.isnan(a)
-    r = r.astype(np.uint16)
-    if nan.any():
-        r[nan] = 0x7FC0
-    return r
-
-
-def bf16_bits_to_f32(b):
-    return (b.astype(np.uint32) << 16).view(np.float32)
-
-
-_ST_DTYPES = {"F32": (np.float32, 4), "F16": (np.float16, 2), "BF16": (np.uint16, 2)}
+f32_to_bf16_bits = st.f32_to_bf16_bits
+bf16_bits_to_f32 = st.bf16_bits_to_f32
 
 
 def save_safetensors(path, tensors, dtype="F32", metadata=None):
-    """tensors: name -> torch tensor or numpy array (stored in `dtype`: F32, F16 or BF16)."""
-    header, blobs, off = {}, [], 0
-    for name in sorted(tensors):
-        t = tensors[name]
-        a = t.detach().cpu().float().numpy() if torch.is_tensor(t) else np.asarray(t, dtype=np.float32)
-        if dtype == "BF16":
-            raw = f32_to_bf16_bits(a).tobytes()
-        elif dtype == "F16":
-            raw = a.astype("<f2").tobytes()
-        else:
-            raw = a.astype("<f4").tobytes()
-        header[name] = {"dtype": dtype, "shape": list(a.shape), "data_offsets": [off, off + len(raw)]}
-        blobs.append(raw)
-        off += len(raw)
-    if metadata:
-        header["__metadata__"] = {k: str(v) for k, v in metadata.items()}
-    hb = json.dumps(header, separators=(",", ":")).encode()
-    hb += b" " * ((-len(hb)) % 8)   # data section 8-byte aligned
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(len(hb).to_bytes(8, "little"))
-        f.write(hb)
-        for b in blobs:
-            f.write(b)
-    os.replace(tmp, path)
+    """tensors: name -> torch tensor or numpy array, stored as `dtype` (F32, F16 or BF16)."""
+    arrays = {n: (dtype, t.detach().cpu().float().numpy() if torch.is_tensor(t) else np.asarray(t, dtype=np.float32))
+              for n, t in tensors.items()}
+    st.save(path, arrays, metadata)
 
 
 def load_safetensors(path):
-    """-> dict name -> float32 torch tensor."""
-    with open(path, "rb") as f:
-        buf = f.read()
-    n = int.from_bytes(buf[:8], "little")
-    header = json.loads(buf[8:8 + n])
-    base = 8 + n
-    out = {}
-    for name, e in header.items():
-        if name == "__metadata__":
-            continue
-        npdt, _ = _ST_DTYPES[e["dtype"]]
-        a0, a1 = e["data_offsets"]
-        a = np.frombuffer(buf[base + a0:base + a1], dtype=np.dtype(npdt).newbyteorder("<"))
-        a = bf16_bits_to_f32(a) if e["dtype"] == "BF16" else a.astype(np.float32)
-        out[name] = torch.from_numpy(a.reshape(e["shape"]).copy())
-    return out
+    """-> dict name -> float32 torch tensor (a single-file checkpoint)."""
+    d, f = os.path.split(path)
+    store = st.TensorStore(d or ".") if f == "model.safetensors" else None
+    if store is None:
+        raise ValueError("%s: expected a model.safetensors file" % path)
+    return {n: torch.from_numpy(np.array(store.get(n))) for n in store.names()}
 
 
 # ----------------------------------------------------------------------------

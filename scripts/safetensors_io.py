@@ -64,11 +64,12 @@ def numel(shape):
     return n
 
 
-def layout(specs):
+def layout(specs, metadata=None):
     """specs: list of (name, dtype, shape). Returns (ordered specs, header bytes).
-    Order: dtype size descending, then name (keeps every tensor aligned)."""
+    Order: dtype size descending, then name (keeps every tensor aligned).
+    metadata: extra string entries for __metadata__."""
     order = sorted(specs, key=lambda s: (-ITEMSIZE[s[1]], s[0]))
-    hdr = {"__metadata__": {"format": "pt"}}
+    hdr = {"__metadata__": {"format": "pt", **{k: str(v) for k, v in (metadata or {}).items()}}}
     off = 0
     for name, dtype, shape in order:
         nb = numel(shape) * ITEMSIZE[dtype]
@@ -80,12 +81,12 @@ def layout(specs):
     return order, raw
 
 
-def write_file(path, specs, fill):
+def write_file(path, specs, fill, metadata=None):
     """Streams one .safetensors file. specs: list of (name, dtype, shape).
     fill(name, dtype, shape) yields contiguous numpy arrays whose raw bytes,
     concatenated, are the tensor's data (already in `dtype`). The byte count
     of every tensor is checked. Returns the data size in bytes."""
-    order, raw = layout(specs)
+    order, raw = layout(specs, metadata)
     tmp = path + ".tmp"
     total = 0
     with open(tmp, "wb") as fh:
@@ -105,10 +106,10 @@ def write_file(path, specs, fill):
     return total
 
 
-def save(path, tensors):
+def save(path, tensors, metadata=None):
     """Convenience for small files: tensors = {name: (dtype, float array)}."""
     specs = [(n, dt, tuple(np.shape(a))) for n, (dt, a) in tensors.items()]
-    write_file(path, specs, lambda n, dt, sh: [to_dtype_bytes(tensors[n][1], dt)])
+    write_file(path, specs, lambda n, dt, sh: [to_dtype_bytes(tensors[n][1], dt)], metadata)
 
 
 # ---- reading ----------------------------------------------------------------
