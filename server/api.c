@@ -502,6 +502,12 @@ static int parse_completions(const api_ctx *ctx, const cJSON *o, api_job *j, api
     long n = 1, n_top = -1;
     int rc = -1, n_in = 0;
     input *ins = NULL;
+    /* one model per server: a request naming another one is a 404, as vLLM answers */
+    const cJSON *m = field(o, "model");
+    if (m && !cJSON_IsString(m)) return fail(e, 400, "\"model\" must be a string");
+    if (m && strcmp(m->valuestring, ctx->model_name))
+        return fail(e, 404, "The model `%.200s` does not exist (this server serves \"%s\")", m->valuestring,
+                    ctx->model_name);
     if (parse_gen_params(ctx, o, &g, e)) return -1;
     if (get_int(o, "n", 1, API_MAX_N, &n, e) || get_int(o, "logprobs", 0, API_MAX_TOP, &n_top, e) ||
         get_bool(o, "echo", &j->echo, e) || get_bool(o, "stream", &j->stream, e))

@@ -192,6 +192,11 @@ if openai:
         check(False, "openai: a bad field raises BadRequestError")
     except openai.BadRequestError as e:
         check("temperature" in str(e), "openai: a bad field raises BadRequestError naming it")
+    try:
+        client.completions.create(model="no-such-model", prompt="x", max_tokens=2)
+        check(False, "openai: an unknown model raises NotFoundError")
+    except openai.NotFoundError as e:
+        check("no-such-model" in str(e), "openai: an unknown model is a 404 naming it")
 
 
 # ---- errors ----
@@ -253,10 +258,10 @@ with Server(model, "--api-key-file", keyfile, "--max-body-bytes", "4096") as s2:
     check(requests.get(u + "/health").status_code == 200, "/health needs no key")
     if openai:
         c2 = openai.OpenAI(base_url=u + "/v1", api_key="s3cret")
-        check(c2.completions.create(model="m", prompt="hi", max_tokens=2).choices[0].finish_reason in ("length", "stop"),
+        check(c2.completions.create(model=mname, prompt="hi", max_tokens=2).choices[0].finish_reason in ("length", "stop"),
               "openai client authenticates with the key")
         try:
-            openai.OpenAI(base_url=u + "/v1", api_key="bad").completions.create(model="m", prompt="hi", max_tokens=2)
+            openai.OpenAI(base_url=u + "/v1", api_key="bad").completions.create(model=mname, prompt="hi", max_tokens=2)
             check(False, "openai: a wrong key raises AuthenticationError")
         except openai.AuthenticationError:
             check(True, "openai: a wrong key raises AuthenticationError")
