@@ -16,6 +16,7 @@
  */
 #include <ctype.h>
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -182,6 +183,14 @@ static int bind(binder *b, tensor_view *v, const char *canon, int optional, int 
     if (!to_dtype(t->dtype, &v->dtype)) {
         snprintf(b->err, b->errlen, "tensor \"%s\": dtype %s not supported (need BF16, F16 or F32)", name,
                  st_dtype_name(t->dtype));
+        return KDA_EUNSUP;
+    }
+    /* The format allows any offset; the math reads elements in place, so a
+     * tensor must sit at a multiple of its element size (writers that pad the
+     * header to 8 bytes, as the reference and HF tools do, guarantee it). */
+    if ((uintptr_t)t->data % dtype_size(v->dtype)) {
+        snprintf(b->err, b->errlen, "tensor \"%s\": data not aligned to its %zu-byte %s elements (re-save the "
+                 "checkpoint with an 8-byte padded header)", name, dtype_size(v->dtype), st_dtype_name(t->dtype));
         return KDA_EUNSUP;
     }
     int64_t want[3] = {d0, d1, d2};

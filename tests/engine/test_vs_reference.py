@@ -59,8 +59,9 @@ def compare(name, ckpt, tokens, greedy=8):
     return not errs
 
 
-def rename_checkpoint(src, dst, rename):
-    """Copies a single-file checkpoint with every tensor renamed (data untouched)."""
+def rename_checkpoint(src, dst, rename, misalign=0):
+    """Copies a single-file checkpoint with every tensor renamed (data untouched);
+    misalign > 0 shifts the data section by that many bytes off 8-byte alignment."""
     import shutil
     import struct
     os.makedirs(dst)
@@ -71,7 +72,7 @@ def rename_checkpoint(src, dst, rename):
         data = fh.read()
     hdr = {(k if k == "__metadata__" else rename(k)): v for k, v in hdr.items()}
     raw = json.dumps(hdr).encode()
-    raw += b" " * (-len(raw) % 8)
+    raw += b" " * (-len(raw) % 8 + misalign)
     with open(os.path.join(dst, "model.safetensors"), "wb") as fh:
         fh.write(struct.pack("<Q", len(raw)) + raw + data)
 
@@ -98,6 +99,18 @@ def name_map_case(tmp, base):
     return good
 
 
+def misaligned_case(tmp):
+    """A header that leaves f32 data off 4-byte alignment: refused, naming a tensor."""
+    base = os.path.join(tmp, "f32")
+    run([PY, os.path.join(SRC, "scripts", "gen_checkpoint.py"), base, "--preset", "tiny", "--dtype", "f32"])
+    d = os.path.join(tmp, "misaligned")
+    rename_checkpoint(base, d, lambda k: k, misalign=2)
+    r = subprocess.run([CLI, "score", d, "--tokens", "1,2,3", "--json"], capture_output=True, text=True)
+    good = r.returncode != 0 and "not aligned" in r.stderr and "tensor \"model." in r.stderr
+    print(f"{'misaligned f32 data refused with a named tensor':45s} {'ok' if good else 'FAIL: ' + r.stderr.strip()}")
+    return good
+
+
 def main():
     if not os.path.exists(CLI):
         print(f"kda-cli not built at {CLI}")
@@ -113,6 +126,7 @@ def main():
             if i == 0:  # the chunked prefill path and chunk boundaries
                 ok &= compare(name + " (chunked prefill)", d, [1] + [rnd.randrange(vocab) for _ in range(149)])
                 ok &= name_map_case(tmp, d)
+                ok &= misaligned_case(tmp)
         shared = os.environ.get("KDA_SHARED", os.path.join(SRC, "..", "shared"))
         spm = os.path.join(shared, "data", "llama2-tokenizer.model")
         if os.path.exists(spm):
