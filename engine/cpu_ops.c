@@ -95,17 +95,48 @@ DOT_CLONES static float dot_bf16(const uint16_t *w, const float *x, int n)
     return s;
 }
 
+/* Four bf16 rows against one x: four independent weight streams in flight
+ * per core roughly double the read bandwidth one stream gets (measured on the
+ * dev VM: 17 GB/s against 8-10 GB/s with two threads). */
+DOT_CLONES static void dot4_bf16(const uint16_t *w0, const uint16_t *w1, const uint16_t *w2, const uint16_t *w3,
+                                 const float *x, int n, float *out)
+{
+    float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+#pragma omp simd reduction(+ : s0, s1, s2, s3)
+    for (int i = 0; i < n; i++) {
+        uint32_t u0 = (uint32_t)w0[i] << 16, u1 = (uint32_t)w1[i] << 16;
+        uint32_t u2 = (uint32_t)w2[i] << 16, u3 = (uint32_t)w3[i] << 16;
+        float f0, f1, f2, f3;
+        memcpy(&f0, &u0, 4), memcpy(&f1, &u1, 4), memcpy(&f2, &u2, 4), memcpy(&f3, &u3, 4);
+        const float xi = x[i];
+        s0 += f0 * xi, s1 += f1 * xi, s2 += f2 * xi, s3 += f3 * xi;
+    }
+    out[0] = s0, out[1] = s1, out[2] = s2, out[3] = s3;
+}
+
+/* Rows go in groups of 4 (bf16: dot4_bf16) with the R % 4 tail row by row.
+ * Which function computes row r depends on r alone, never on T or the batch. */
 void matmul_tv(float *y, const float *x, const tensor_view *W, int T)
 {
-    const int64_t R = W->rows;
+    const int64_t R = W->rows, G = W->dtype == DT_BF16 ? R / 4 : 0;
     const int C = (int)W->cols;
     const dtype_t dt = W->dtype;
     /* one thread for small products: waking the team costs more than the work */
 #pragma omp parallel if ((long)R * C * T >= (1 << 16))
     {
+#pragma omp for schedule(static) nowait
+        for (int64_t g = 0; g < G; g++) {
+            const uint16_t *w[4];
+            for (int k = 0; k < 4; k++) w[k] = tv_row(W, 4 * g + k);
+            for (int t = 0; t < T; t++) {
+                float o[4];
+                dot4_bf16(w[0], w[1], w[2], w[3], x + (size_t)t * C, C, o);
+                for (int k = 0; k < 4; k++) y[(size_t)t * R + 4 * g + k] = o[k];
+            }
+        }
         float *row = dt == DT_F16 ? malloc((size_t)C * sizeof(float)) : NULL;
 #pragma omp for schedule(static)
-        for (int64_t r = 0; r < R; r++) {
+        for (int64_t r = 4 * G; r < R; r++) {
             const void *src = tv_row(W, r);
             if (dt == DT_BF16) {
                 for (int t = 0; t < T; t++) y[(size_t)t * R + r] = dot_bf16(src, x + (size_t)t * C, C);
