@@ -183,6 +183,19 @@ int kda_seq_len(const kda_engine *e, int id)
     return e->seqs[id].pos;
 }
 
+int kda_seq_reserve(kda_engine *e, int id, int n_tokens, char *err, size_t errlen)
+{
+    if (id < 0 || id >= e->max_seqs || !e->seqs[id].in_use) {
+        snprintf(err, errlen, "no live sequence %d", id);
+        return KDA_EINVAL;
+    }
+    if (n_tokens > e->info.max_seq_len) {
+        snprintf(err, errlen, "%d tokens exceed the context capacity %d", n_tokens, e->info.max_seq_len);
+        return KDA_ECTX;
+    }
+    return e->be->seq_reserve ? e->be->seq_reserve(e->be, id, n_tokens, err, errlen) : 0;
+}
+
 int kda_seqs_free_slots(const kda_engine *e)
 {
     int n = 0;

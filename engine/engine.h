@@ -88,6 +88,13 @@ int kda_seq_new(kda_engine *e, int *seq_id, char *err, size_t errlen);
 void kda_seq_free(kda_engine *e, int seq_id);
 int kda_seq_len(const kda_engine *e, int seq_id);  /* tokens consumed so far, <0 if bad id */
 int kda_seqs_free_slots(const kda_engine *e);       /* how many more kda_seq_new would succeed */
+/* Takes now whatever backend memory the sequence needs to grow to n_tokens in
+ * all (CUDA: KV cache blocks), so later steps cannot run out. KDA_ENOMEM when
+ * the pool cannot hold it at the moment (nothing taken: wait for others to
+ * finish, or refuse), KDA_ECTX when n_tokens exceeds the context capacity.
+ * A scheduler that reserves each sequence's prompt + max_tokens at admission
+ * never sees a step fail for memory. */
+int kda_seq_reserve(kda_engine *e, int seq_id, int n_tokens, char *err, size_t errlen);
 
 /* ---- sampling ----
  * Applied in this order to the raw logits: repetition penalty (over prompt and

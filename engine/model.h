@@ -142,6 +142,9 @@ struct backend {
     /* The sequence in slot is gone: give back what it holds beyond its fixed
      * slot (the CUDA backend's KV blocks), so admission sees the free memory. */
     void (*seq_release)(backend *b, int slot);
+    /* Optional: take the memory for the slot to hold n_tokens now (engine.h
+     * kda_seq_reserve). NULL = the backend's slots are fixed-size (CPU). */
+    int (*seq_reserve)(backend *b, int slot, int n_tokens, char *err, size_t errlen);
     int (*step)(backend *b, const step_item *items, int n, char *err, size_t errlen);
     void (*destroy)(backend *b);
     size_t pool_bytes;

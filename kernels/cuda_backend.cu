@@ -350,6 +350,36 @@ static void kv_release(cuda_backend *b, int slot)
     b->nblk[slot] = 0;
 }
 
+/* Gives slot blocks until it holds want (caller checked n_free); the device
+ * copy of the table is updated on the backend's stream, ahead of any step. */
+static cudaError_t kv_grow(cuda_backend *b, int slot, int want)
+{
+    if (want <= b->nblk[slot]) return cudaSuccess;
+    const int first = b->nblk[slot];
+    while (b->nblk[slot] < want) b->h_table[(size_t)slot * b->max_blocks + b->nblk[slot]++] = b->free_blocks[--b->n_free];
+    return cudaMemcpyAsync(b->d_table + (size_t)slot * b->max_blocks + first,
+                           b->h_table + (size_t)slot * b->max_blocks + first, (size_t)(want - first) * 4,
+                           cudaMemcpyHostToDevice, b->st);
+}
+
+static int cuda_seq_reserve(backend *bb, int slot, int n_tokens, char *err, size_t errlen)
+{
+    cuda_backend *b = (cuda_backend *)bb;
+    if (!b->n_gqa) return 0;
+    const int want = (n_tokens + KV_BLK - 1) / KV_BLK;
+    const int need = want - b->nblk[slot];
+    if (need > b->n_free) {
+        snprintf(err, errlen, "KV cache full: %d tokens need %d more blocks of %d tokens, %d free", n_tokens, need,
+                 KV_BLK, b->n_free);
+        return KDA_ENOMEM;
+    }
+    if (kv_grow(b, slot, want) != cudaSuccess) {
+        snprintf(err, errlen, "block table upload failed");
+        return KDA_EDEVICE;
+    }
+    return 0;
+}
+
 static void cuda_seq_release(backend *bb, int slot)
 {
     cuda_backend *b = (cuda_backend *)bb;
@@ -537,14 +567,11 @@ static int cuda_step(backend *bb, const step_item *items, int n, char *err, size
         return KDA_ENOMEM;
     }
     for (int i = 0; i < n && b->n_gqa; i++) {
-        const int slot = items[i].slot;
         const int want = (items[i].pos + items[i].it->n_tokens + KV_BLK - 1) / KV_BLK;
-        if (want <= b->nblk[slot]) continue;
-        const int first = b->nblk[slot];
-        while (b->nblk[slot] < want) b->h_table[(size_t)slot * b->max_blocks + b->nblk[slot]++] = b->free_blocks[--b->n_free];
-        CK(cudaMemcpyAsync(b->d_table + (size_t)slot * b->max_blocks + first,
-                           b->h_table + (size_t)slot * b->max_blocks + first, (size_t)(want - first) * 4,
-                           cudaMemcpyHostToDevice, b->st));
+        if (kv_grow(b, items[i].slot, want) != cudaSuccess) {
+            snprintf(err, errlen, "block table upload failed");
+            return KDA_EDEVICE;
+        }
     }
 
     int *row_item = (int *)malloc((size_t)b->TM * sizeof(int) * 2);
@@ -978,6 +1005,7 @@ int cuda_backend_create(backend **out, const backend_params *p, char *err, size_
     b->base.name = "cuda";
     b->base.seq_reset = cuda_seq_reset;
     b->base.seq_release = cuda_seq_release;
+    b->base.seq_reserve = cuda_seq_reserve;
     b->base.step = cuda_step;
     b->base.destroy = cuda_destroy;
     b->base.pool_bytes = b->pool_size;

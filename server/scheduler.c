@@ -517,6 +517,12 @@ static void admit(sched *s)
         run_seq *r = s->wait_head;
         char err[256] = "";
         int rc = kda_seq_new(s->e, &r->seq, err, sizeof err);
+        /* Reserve the whole request (prompt + max_tokens) now, so no later
+         * step can fail for memory and take its batch neighbours down. */
+        if (!rc && (rc = kda_seq_reserve(s->e, r->seq, r->t->n_prompt + r->t->max_tokens, err, sizeof err))) {
+            kda_seq_free(s->e, r->seq);
+            r->seq = -1;
+        }
         if (rc == KDA_ENOMEM && s->n_run > 0) break;   /* room comes back as others finish */
         s->wait_head = r->next;
         if (!s->wait_head) s->wait_tail = NULL;

@@ -179,6 +179,10 @@ static void test_bad_steps_are_refused_and_change_nothing(void **st)
     assert_int_equal(kda_engine_step(e, &big, 1, err, sizeof err), KDA_ECTX);
     assert_non_null(strstr(err, "512"));
     assert_int_equal(kda_seq_len(e, s), 0);
+    /* reservations: within capacity fine (CPU slots are fixed-size), beyond it refused */
+    assert_int_equal(kda_seq_reserve(e, s, 512, err, sizeof err), 0);
+    assert_int_equal(kda_seq_reserve(e, s, 513, err, sizeof err), KDA_ECTX);
+    assert_int_equal(kda_seq_reserve(e, 9, 10, err, sizeof err), KDA_EINVAL);
     /* slots exhausted */
     int third;
     assert_int_equal(kda_seq_new(e, &third, err, sizeof err), KDA_ENOMEM);
