@@ -17,6 +17,7 @@
 #include "http.h"
 
 #include <arpa/inet.h>
+#include <errno.h>
 #include <stdarg.h>
 #include <strings.h>
 #include <unistd.h>
@@ -26,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #include "log.h"
 #include "metrics.h"
@@ -69,6 +71,7 @@ typedef struct {
     int status;
     api_job *job;
     int suspended;          /* under job->client->mu */
+    int peer_gone;          /* non-streaming client closed while we waited (under the mutex) */
     api_buf sse;            /* rendered, not yet handed to MHD */
     size_t sse_off;
     double t0;
@@ -119,13 +122,28 @@ static enum MHD_Result reply_error(http_conn *hc, int status, const char *fmt, .
 
 /* ---- scheduler wake-ups ---- */
 
+/* A suspended connection is not watched by MHD, so a non-streaming client
+ * that hangs up would go unnoticed until its answer is ready. The scheduler
+ * wakes such clients now and then (its probe); this looks at the socket
+ * without consuming anything: EOF or a reset means the client is gone. */
+static int peer_closed(struct MHD_Connection *conn)
+{
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!ci) return 0;
+    char b;
+    ssize_t n = recv(ci->connect_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
 static void wake(sched_client *c)
 {
     struct MHD_Connection *conn = NULL;
     pthread_mutex_lock(&c->mu);
     http_conn *hc = c->wake_arg;
-    /* Non-streaming requests only care about the end. */
-    if (hc && hc->suspended && (c->stream || c->n_finished == c->n_tasks)) {
+    /* Non-streaming requests only care about the end, or about their client leaving. */
+    if (hc && hc->suspended && !c->stream && c->n_finished < c->n_tasks && peer_closed(hc->conn))
+        hc->peer_gone = 1;
+    if (hc && hc->suspended && (c->stream || c->n_finished == c->n_tasks || hc->peer_gone)) {
         hc->suspended = 0;
         conn = hc->conn;
     }
@@ -167,7 +185,11 @@ static enum MHD_Result finish_or_wait(http_conn *hc)
 {
     sched_client *c = hc->job->client;
     pthread_mutex_lock(&c->mu);
-    int done = c->n_finished == c->n_tasks;
+    int done = c->n_finished == c->n_tasks, gone = hc->peer_gone;
+    if (gone) {
+        pthread_mutex_unlock(&c->mu);
+        return MHD_NO;   /* close: on_completed cancels the unfinished tasks */
+    }
     if (!done) {
         hc->suspended = 1;
         MHD_suspend_connection(hc->conn);

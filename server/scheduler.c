@@ -556,20 +556,25 @@ static void admit(sched *s)
 }
 
 /* Streams that have been quiet for heartbeat_s get a keep-alive comment, which
- * is also how a disconnect is noticed while a request waits in the queue. */
+ * is also how a disconnect is noticed while a request waits in the queue;
+ * non-streaming clients are probed every PROBE_S for the same reason. */
+#define PROBE_S 0.5   /* how often a non-streaming client's socket is checked */
 static void heartbeat_one(sched *s, sched_client *c, double now)
 {
     pthread_mutex_lock(&c->mu);
-    int due = c->stream && now - c->last_emit >= s->o.heartbeat_s;
+    int due = c->stream && s->o.heartbeat_s > 0 && now - c->last_emit >= s->o.heartbeat_s;
     if (due) { c->heartbeat = 1; c->dirty = 1; c->last_emit = now; }
+    /* non-streaming: nothing to send, but the wake lets the HTTP side notice a hang-up */
+    int probe = !c->stream && now - c->last_emit >= PROBE_S;
+    if (probe) c->last_emit = now;
     pthread_mutex_unlock(&c->mu);
-    if (due) wake_add(s, c);
+    if (due || probe) wake_add(s, c);
 }
 
 static void heartbeats(sched *s)
 {
     double now = srv_now();
-    if (s->o.heartbeat_s <= 0 || now - s->last_hb_scan < 0.1) return;
+    if (now - s->last_hb_scan < 0.1) return;
     s->last_hb_scan = now;
     for (int i = 0; i < s->n_run; i++) heartbeat_one(s, s->running[i]->c, now);
     for (run_seq *r = s->wait_head; r; r = r->next) heartbeat_one(s, r->c, now);

@@ -20,6 +20,17 @@ def metrics(u):
     return requests.get(u + "/metrics").text
 
 
+def raw_post(u, path, obj):
+    """Sends a POST on a raw socket and returns the socket (for hanging up)."""
+    import socket
+    body = json.dumps(obj).encode()
+    host, port = u.split("//")[1].split(":")
+    sk = socket.create_connection((host, int(port)))
+    sk.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+               % (path.encode(), len(body)) + body)
+    return sk
+
+
 def wait_metrics(u, cond, timeout=10):
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -110,6 +121,13 @@ with Server(model, "--max-batch", "1", "--max-queue", "1", "--heartbeat-seconds"
     rb.close()
     m = wait_metrics(u, lambda m: metric(m, "kda_queue_depth") == 0 and metric(m, "kda_requests_cancelled_total") > c0)
     check(m is not None, "a queued client that disconnects leaves the queue (noticed at its heartbeat)")
+    # D: a non-streaming request queued behind A hangs up: found by the scheduler's socket probe
+    c0 = metric(metrics(u), "kda_requests_cancelled_total")
+    sd = raw_post(u, "/generate", {"tokens": list(b"queued too"), "max_tokens": 8})
+    check(wait_metrics(u, lambda m: metric(m, "kda_queue_depth") == 1) is not None, "D waits in the queue")
+    sd.close()
+    m = wait_metrics(u, lambda m: metric(m, "kda_queue_depth") == 0 and metric(m, "kda_requests_cancelled_total") > c0)
+    check(m is not None, "a queued non-streaming client that hangs up leaves the queue (socket probe)")
     check(requests.post(u + "/generate", json={"prompt": "x", "max_tokens": 1, "stream": True}, stream=True,
                         timeout=5).status_code == 200, "its queue slot is free again")
     # A disconnects mid-stream: its sequence and state are freed at the next step
@@ -120,6 +138,17 @@ with Server(model, "--max-batch", "1", "--max-queue", "1", "--heartbeat-seconds"
     check(m is not None and metric(m, "kda_requests_cancelled_total") >= c0 + 1,
           "mid-stream disconnect cancels the sequence and frees its state (metrics)")
     check(metric(m or "", "kda_generated_tokens_total") < LONG, "the cancelled stream did not run to the end")
+    # C sends a non-streaming request and hangs up while it decodes
+    c0 = metric(metrics(u), "kda_requests_cancelled_total")
+    g0 = metric(metrics(u), "kda_generated_tokens_total")
+    sk = raw_post(u, "/generate", {"tokens": list(b"hang up"), "max_tokens": LONG, "temperature": 0, "ignore_eos": True})
+    check(wait_metrics(u, lambda m: metric(m, "kda_running_sequences") == 1) is not None,
+          "a non-streaming request is running")
+    sk.close()
+    m = wait_metrics(u, lambda m: metric(m, "kda_running_sequences") == 0 and
+                     metric(m, "kda_requests_cancelled_total") >= c0 + 1)
+    check(m is not None, "a non-streaming client that hangs up is cancelled and its state freed")
+    check(metric(m or "", "kda_generated_tokens_total") - g0 < LONG, "the abandoned request did not run to the end")
     r = requests.post(u + "/generate", json={"tokens": list(b"after"), "max_tokens": 8, "temperature": 0,
                                              "ignore_eos": True})
     want = cli_generate(model, list(b"after"), 8, ["--ignore-eos"])
