@@ -13,8 +13,10 @@ meson setup build -Dbuildtype=debugoptimized >/dev/null && ninja -C build -j "$j
 meson test -C build --no-suite container --num-processes "$jobs" --print-errorlogs || rc=1
 logs+=(build/meson-logs/testlog.json)
 
-# C unit tests under sanitizers (no CUDA: the sanitizers do not see device code).
-ASAN_SUITES=(safetensors engine tokenizer)
+# C unit tests and the daemon under sanitizers (no CUDA: the sanitizers do not see
+# device code). The server tests check that kda-server exits 0, which LeakSanitizer
+# turns into "no leaks".
+ASAN_SUITES=(safetensors engine tokenizer server)
 meson setup build-asan -Dbuildtype=debug -Dcuda=disabled -Db_sanitize=address,undefined -Db_lundef=false >/dev/null \
   && ninja -C build-asan -j "$jobs" || exit 1
 suite_args=()
