@@ -225,26 +225,30 @@ void l2norm_f32(float *x, int n)
 void kda_step_f32(float *S, const float *q, const float *k, const float *v, const float *gk, float beta,
                   float *o, int K, int V)
 {
+    /* Two passes over S instead of four (decay + S^T k, then write + read-out);
+     * every element sees the same operations in the same order as the
+     * four-pass spelling of MODEL_SPEC 3.6. */
     float u[1024]; /* V <= 1024 (config limit) */
-    for (int d = 0; d < K; d++) {
-        float a = expf(gk[d]);
-        float *row = S + (size_t)d * V;
-        for (int j = 0; j < V; j++) row[j] *= a;
-    }
     for (int j = 0; j < V; j++) u[j] = 0.0f;
     for (int d = 0; d < K; d++) {
-        const float *row = S + (size_t)d * V;
-        for (int j = 0; j < V; j++) u[j] += row[j] * k[d];
-    }
-    for (int j = 0; j < V; j++) u[j] = beta * (v[j] - u[j]);
-    for (int d = 0; d < K; d++) {
+        const float a = expf(gk[d]), kd = k[d];
         float *row = S + (size_t)d * V;
-        for (int j = 0; j < V; j++) row[j] += k[d] * u[j];
+        for (int j = 0; j < V; j++) {
+            row[j] *= a;
+            u[j] += row[j] * kd;
+        }
     }
-    for (int j = 0; j < V; j++) o[j] = 0.0f;
+    for (int j = 0; j < V; j++) {
+        u[j] = beta * (v[j] - u[j]);
+        o[j] = 0.0f;
+    }
     for (int d = 0; d < K; d++) {
-        const float *row = S + (size_t)d * V;
-        for (int j = 0; j < V; j++) o[j] += row[j] * q[d];
+        const float kd = k[d], qd = q[d];
+        float *row = S + (size_t)d * V;
+        for (int j = 0; j < V; j++) {
+            row[j] += kd * u[j];
+            o[j] += row[j] * qd;
+        }
     }
 }
 
