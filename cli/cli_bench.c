@@ -10,6 +10,7 @@
  * a separate piece of work). Then `steps` greedy decode steps are timed on the
  * wall clock, sampled tokens fed back, one host sync per step included.
  */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +26,33 @@ static double now_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* The CPU's memory ceilings, measured in the same run as the decode figures:
+ * a read of 1 GiB by every thread (what batch-1 decode needs: weights are only
+ * read) and one memcpy (bytes read + written). Best of 3. */
+static void cpu_ceilings(double *read_gbs, double *copy_gbs)
+{
+    const size_t n = (size_t)1 << 30;
+    uint64_t *a = malloc(n), *b = malloc(n);
+    *read_gbs = *copy_gbs = 0;
+    if (!a || !b) goto out;
+    memset(a, 1, n), memset(b, 2, n);
+    uint64_t sum = 0;
+    for (int r = 0; r < 3; r++) {
+        double t = now_s();
+#pragma omp parallel for simd reduction(+ : sum) schedule(static)
+        for (size_t i = 0; i < n / 8; i++) sum += a[i];
+        t = now_s() - t;
+        if (n / t / 1e9 > *read_gbs) *read_gbs = n / t / 1e9;
+        t = now_s();
+        memcpy(b, a, n);
+        t = now_s() - t;
+        if (2.0 * n / t / 1e9 > *copy_gbs) *copy_gbs = 2.0 * n / t / 1e9;
+    }
+    if (sum == 42) fprintf(stderr, " "); /* keep the read */
+out:
+    free(a), free(b);
 }
 
 static int usage(void)
@@ -130,6 +158,11 @@ int cli_bench(int argc, char **argv)
         return 1;
     }
     const kda_model_info *mi = kda_engine_info(e);
+    double read_gbs = 0, copy_gbs = 0;
+    if (!strcmp(device, "cpu")) {
+        cpu_ceilings(&read_gbs, &copy_gbs);
+        printf("memory: read %.1f GB/s (all threads), memcpy %.1f GB/s (read + write)\n", read_gbs, copy_gbs);
+    }
     printf("decode on %s (%s), %lld params, %d steps per point:\n", mi->device_name, device, (long long)mi->n_params,
            steps);
     for (int i = 0; i < np; i++) {
@@ -139,17 +172,21 @@ int cli_bench(int argc, char **argv)
             pairs[i].ms = -1;
             continue;
         }
-        printf("  decode B=%-4d ctx=%-5d %8.3f ms/step %10.0f tok/s\n", pairs[i].B, pairs[i].ctx, pairs[i].ms,
-               pairs[i].B / pairs[i].ms * 1e3);
+        printf("  decode B=%-4d ctx=%-5d %8.3f ms/step %10.0f tok/s  weights %.1f GB/s\n", pairs[i].B, pairs[i].ctx,
+               pairs[i].ms, pairs[i].B / pairs[i].ms * 1e3, mi->weight_bytes / pairs[i].ms / 1e6);
         fflush(stdout);
     }
     if (json) {
         fprintf(json, "  \"device\": \"%s\",\n  \"params\": %lld,\n  \"weight_bytes\": %zu,\n  \"steps\": %d,\n",
                 mi->device_name, (long long)mi->n_params, mi->weight_bytes, steps);
+        if (read_gbs > 0)
+            fprintf(json, "  \"cpu_ceiling\": {\"read_GBps\": %.2f, \"memcpy_GBps\": %.2f},\n", read_gbs, copy_gbs);
         fprintf(json, "  \"decode\": [");
         for (int i = 0; i < np; i++)
-            fprintf(json, "%s\n    {\"B\": %d, \"ctx\": %d, \"ms_step\": %.4f, \"tok_s\": %.1f}", i ? "," : "",
-                    pairs[i].B, pairs[i].ctx, pairs[i].ms, pairs[i].ms > 0 ? pairs[i].B / pairs[i].ms * 1e3 : 0);
+            fprintf(json, "%s\n    {\"B\": %d, \"ctx\": %d, \"ms_step\": %.4f, \"tok_s\": %.1f, \"weight_GBps\": %.2f}",
+                    i ? "," : "", pairs[i].B, pairs[i].ctx, pairs[i].ms,
+                    pairs[i].ms > 0 ? pairs[i].B / pairs[i].ms * 1e3 : 0,
+                    pairs[i].ms > 0 ? mi->weight_bytes / pairs[i].ms / 1e6 : 0);
         fprintf(json, "\n  ]\n}\n");
         fclose(json);
     }
