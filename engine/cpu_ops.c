@@ -275,7 +275,6 @@ void kda_chunked_f32(float *S, const float *q, const float *k, const float *v, c
     float *A = malloc((size_t)Cn * Cn * sizeof(float));     /* L, then (I+L)^-1 */
     float *Wm = malloc((size_t)Cn * K * sizeof(float));     /* beta k exp(Gam), then A times it */
     float *U = malloc((size_t)Cn * V * sizeof(float));      /* beta v, then A times it, then Vnew */
-    float *tmp = malloc((size_t)Cn * (K > V ? K : V) * sizeof(float));
     for (int t0 = 0; t0 < T; t0 += Cn) {
         const int n = T - t0 < Cn ? T - t0 : Cn;
 #define Q(r) (q + (size_t)(t0 + (r)) * q_stride)
@@ -349,7 +348,6 @@ void kda_chunked_f32(float *S, const float *q, const float *k, const float *v, c
     free(A);
     free(Wm);
     free(U);
-    free(tmp);
 }
 
 void gqa_attention_f32(float *o, const float *q, const float *kc, const float *vc, int T, int pos0, int Hq,
