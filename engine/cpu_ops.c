@@ -350,42 +350,40 @@ void kda_chunked_f32(float *S, const float *q, const float *k, const float *v, c
     free(U);
 }
 
+/* One pass per (token, head) with a running max (online softmax): no buffer
+ * of n_ctx scores, so nothing is allocated on the decode path. */
 void gqa_attention_f32(float *o, const float *q, const float *kc, const float *vc, int T, int pos0, int Hq,
                        int Hkv, int hd)
 {
     const int group = Hq / Hkv;
     const float scale = 1.0f / sqrtf((float)hd);
-    const int n_ctx = pos0 + T;
-    float *p = malloc((size_t)n_ctx * sizeof(float));
+    float acc[1024]; /* hd <= 1024 (config limit) */
     for (int t = 0; t < T; t++) {
         const int n = pos0 + t + 1; /* causal: positions 0..pos0+t */
         for (int h = 0; h < Hq; h++) {
             const int kh = h / group;
             const float *qv = q + ((size_t)t * Hq + h) * hd;
-            float m = -INFINITY;
+            float m = -INFINITY, l = 0.0f;
+            for (int i = 0; i < hd; i++) acc[i] = 0.0f;
             for (int s = 0; s < n; s++) {
-                const float *kv = kc + ((size_t)s * Hkv + kh) * hd;
+                const float *kv = kc + ((size_t)s * Hkv + kh) * hd, *vv = vc + ((size_t)s * Hkv + kh) * hd;
                 float a = 0.0f;
                 for (int i = 0; i < hd; i++) a += qv[i] * kv[i];
-                p[s] = a * scale;
-                if (p[s] > m) m = p[s];
+                a *= scale;
+                if (a > m) { /* new max: rescale what was summed so far */
+                    const float c = expf(m - a);
+                    l *= c;
+                    for (int i = 0; i < hd; i++) acc[i] *= c;
+                    m = a;
+                }
+                const float p = expf(a - m);
+                l += p;
+                for (int i = 0; i < hd; i++) acc[i] += p * vv[i];
             }
-            double sum = 0.0;
-            for (int s = 0; s < n; s++) {
-                p[s] = expf(p[s] - m);
-                sum += p[s];
-            }
-            float inv = (float)(1.0 / sum);
             float *ov = o + ((size_t)t * Hq + h) * hd;
-            for (int i = 0; i < hd; i++) ov[i] = 0.0f;
-            for (int s = 0; s < n; s++) {
-                const float *vv = vc + ((size_t)s * Hkv + kh) * hd;
-                float w = p[s] * inv;
-                for (int i = 0; i < hd; i++) ov[i] += w * vv[i];
-            }
+            for (int i = 0; i < hd; i++) ov[i] = acc[i] / l;
         }
     }
-    free(p);
 }
 
 float logsumexp_f32(const float *x, int n)
