@@ -20,6 +20,13 @@ if [ ! -f "$MODEL/config.json" ]; then
     python3 "$HERE/gen_checkpoint.py" "$MODEL" --preset 1.7b --tokenizer none >/dev/null || exit 1
 fi
 "$BUILD/cli/kda-cli" bench "$MODEL" --json "$OUTDIR/ours.json" ${KDA_BENCH_ARGS:-} 2>&1 | tee "$OUTDIR/ours.txt"
-OUT="$OUTDIR" PYTHONUNBUFFERED=1 timeout ${KDA_BASELINE_TIMEOUT:-900} python3 "$BASELINE" ${KDA_BASELINE_ARGS:-} 2>&1 | grep -v Warning | tee "$OUTDIR/baseline.txt"
+# KDA_BASELINE_POINTS="P:B,..." runs the baseline script through baseline_points.py:
+# its code unchanged, only the measured decode points chosen (and prefill/score skipped).
+if [ -n "${KDA_BASELINE_POINTS:-}" ]; then
+    set -- python3 "$HERE/baseline_points.py" "$BASELINE" --decode "$KDA_BASELINE_POINTS"
+else
+    set -- python3 "$BASELINE" ${KDA_BASELINE_ARGS:-}
+fi
+OUT="$OUTDIR" PYTHONUNBUFFERED=1 timeout ${KDA_BASELINE_TIMEOUT:-900} "$@" 2>&1 | grep -v Warning | tee "$OUTDIR/baseline.txt"
 python3 "$HERE/bench_merge.py" "$OUTDIR/ours.json" "$OUTDIR/baseline.json" > "$OUTDIR/results.json"
 python3 "$HERE/bench_merge.py" --table "$OUTDIR/results.json"

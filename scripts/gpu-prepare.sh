@@ -24,6 +24,8 @@ for lib in $(ldd build-cuda/cli/kda-cli build-cuda/server/kda-server | awk '/=>/
   cp -L "$lib" .carry/lib/
 done
 cp "$SHARED/bench/baseline_torch_fla.py" .carry/
+git rev-parse --short HEAD > .carry/commit
+[ -z "$(git status --porcelain --untracked-files=no)" ] || sed -i 's/$/+dirty/' .carry/commit
 if ! ls .whl/flash_linear_attention-0.5.2-*.whl .whl/fla_core-0.5.2-*.whl >/dev/null 2>&1; then
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux2014_x86_64 --platform any -d .whl flash-linear-attention==0.5.2 fla-core==0.5.2

@@ -1,35 +1,62 @@
 #!/usr/bin/env bash
 # Run ON THE GPU MACHINE (after scripts/gpu-prepare.sh here): in one call,
-# the CUDA tests against the CPU reference, compute-sanitizer, and the decode
-# benchmark with the PyTorch baseline in the same invocation. Logs go to $OUT
-# (the device tool brings them back); the results file to $OUT/results.json,
+# the CUDA tests against the CPU reference, compute-sanitizer, a kda-server
+# --device cuda smoke test, and the decode benchmark with the PyTorch baseline
+# in the same invocation. The device tool returns at most 8 files from $OUT, so
+# logs are packed into $OUT/logs.tgz; the results file is $OUT/results.json,
 # to be committed under bench/results/.
-# Time: about 8-9 minutes; KDA_SESSION_SKIP=tests|bench skips a part.
+# Time: about 7-9 minutes; KDA_SESSION_SKIP=tests|bench skips a part.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/kda-out}
-mkdir -p "$OUT"
+LOG=/tmp/kda-logs
+rm -rf "$LOG"; mkdir -p "$OUT" "$LOG"
 export LD_LIBRARY_PATH=$PWD/.carry/lib:${LD_LIBRARY_PATH:-}
 export PYTHONUNBUFFERED=1
+export KDA_COMMIT=${KDA_COMMIT:-$(cat .carry/commit 2>/dev/null || echo unknown)}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   && export PYTHONPATH=/tmp/site
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$LOG/gpu.txt"
 M17=/tmp/kda-1.7b
-( time python3 scripts/gen_checkpoint.py "$M17" --preset 1.7b ) > "$OUT/gen.txt" 2>&1 &
+( time python3 scripts/gen_checkpoint.py "$M17" --preset 1.7b --tokenizer none ) > "$LOG/gen.txt" 2>&1 &
 gen_pid=$!
+B=.carry/build
 rc=0
+step() { echo "== $1: $2"; }
 if [ "${KDA_SESSION_SKIP:-}" != tests ]; then
-  KDA_SRC=$PWD KDA_BUILD=$PWD/.carry/build timeout 150 .carry/build/tests/kernels/test_kernels 2>&1 | tee "$OUT/test_kernels.txt" || rc=1
-  timeout 120 compute-sanitizer --tool memcheck --leak-check none .carry/build/tests/kernels/test_kernels \
-    > "$OUT/memcheck.txt" 2>&1 || rc=1
-  tail -3 "$OUT/memcheck.txt"
+  KDA_SRC=$PWD KDA_BUILD=$PWD/$B timeout 150 $B/tests/kernels/test_kernels > "$LOG/test_kernels.txt" 2>&1
+  r=$?; [ $r = 0 ] || rc=1; step test_kernels "rc=$r"; grep -E "PASSED|FAILED|ERROR|\[  FAILED|fail" "$LOG/test_kernels.txt" | tail -15
+  timeout 150 compute-sanitizer --tool memcheck --leak-check none $B/tests/kernels/test_kernels \
+    > "$LOG/memcheck.txt" 2>&1
+  r=$?; [ $r = 0 ] || rc=1; step memcheck "rc=$r"; tail -3 "$LOG/memcheck.txt"
+  # kda-server --device cuda end to end: greedy output equals kda-cli on the CPU
+  want=$($B/cli/kda-cli generate models/demo --device cpu --text "ROMEO:" --max-tokens 48 --json)
+  $B/server/kda-server --model models/demo --device cuda --port 8089 > "$LOG/server.txt" 2>&1 &
+  spid=$!
+  for i in $(seq 100); do curl -sf localhost:8089/health >/dev/null && break; sleep 0.2; done
+  got=$(curl -s localhost:8089/generate -d '{"prompt":"ROMEO:","max_tokens":48,"temperature":0}')
+  gotsse=$(curl -sN localhost:8089/generate -d '{"prompt":"ROMEO:","max_tokens":48,"temperature":0,"stream":true}' | head -c 20000)
+  kill -TERM $spid; wait $spid; src=$?
+  python3 - "$want" "$got" <<'PY' > "$LOG/server_check.txt" 2>&1
+import json, sys
+w = json.loads(sys.argv[1]); g = json.loads(sys.argv[2])
+print("cpu :", repr(w["text"])); print("cuda:", repr(g.get("text")))
+sys.exit(0 if w["text"] == g.get("text") else 1)
+PY
+  r=$?; [ $r = 0 ] && [ $src = 0 ] || rc=1; step server_smoke "match_rc=$r exit=$src"
+  cat "$LOG/server_check.txt"; grep -iE "memory|pool|weights|concurrent|error" "$LOG/server.txt" | head -8
+  echo "$gotsse" | head -c 600 > "$LOG/server_sse.txt"
   wait $gen_pid
-  KDA_SRC=$PWD KDA_BUILD=$PWD/.carry/build KDA_TEST_MODEL_17B=$M17 timeout 200 .carry/build/tests/kernels/test_cuda_model \
-    2>&1 | tee "$OUT/test_cuda_model.txt" || rc=1
+  KDA_SRC=$PWD KDA_BUILD=$PWD/$B KDA_TEST_MODEL_17B=$M17 timeout 200 $B/tests/kernels/test_cuda_model \
+    > "$LOG/test_cuda_model.txt" 2>&1
+  r=$?; [ $r = 0 ] || rc=1; step test_cuda_model "rc=$r"; grep -E "PASSED|FAILED|ERROR|fail|max|rel" "$LOG/test_cuda_model.txt" | tail -25
 fi
 wait $gen_pid 2>/dev/null
 if [ "${KDA_SESSION_SKIP:-}" != bench ]; then
-  KDA_BASELINE_ARGS=${KDA_BASELINE_ARGS:---quick} KDA_BASELINE_TIMEOUT=${KDA_BASELINE_TIMEOUT:-300} \
-    bash scripts/bench-gpu.sh .carry/build "$OUT" .carry/baseline_torch_fla.py "$M17" || rc=1
+  KDA_BASELINE_POINTS=${KDA_BASELINE_POINTS-128:1,128:64,128:256,4096:64} \
+  KDA_BASELINE_TIMEOUT=${KDA_BASELINE_TIMEOUT:-300} \
+    bash scripts/bench-gpu.sh $B "$LOG" .carry/baseline_torch_fla.py "$M17" || rc=1
+  cp "$LOG/results.json" "$OUT/" 2>/dev/null
 fi
+tar czf "$OUT/logs.tgz" -C /tmp kda-logs
 exit $rc
