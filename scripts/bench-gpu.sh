@@ -8,6 +8,7 @@
 # (../shared/bench/baseline_torch_fla.py; it needs torch, triton, einops and
 # flash-linear-attention importable); MODEL_DIR: a 1.7B-shaped checkpoint,
 # generated with scripts/gen_checkpoint.py --preset 1.7b when absent.
+# KDA_LIB_PATH: library path for kda-cli only (libraries carried to a GPU machine).
 # Writes OUTDIR/{ours.json,ours.txt,baseline.json,baseline.txt,results.json}.
 set -u -o pipefail
 BUILD=${1:?build dir}
@@ -19,7 +20,7 @@ mkdir -p "$OUTDIR"
 if [ ! -f "$MODEL/config.json" ]; then
     python3 "$HERE/gen_checkpoint.py" "$MODEL" --preset 1.7b --tokenizer none >/dev/null || exit 1
 fi
-"$BUILD/cli/kda-cli" bench "$MODEL" --json "$OUTDIR/ours.json" ${KDA_BENCH_ARGS:-} 2>&1 | tee "$OUTDIR/ours.txt"
+${KDA_LIB_PATH:+env LD_LIBRARY_PATH=$KDA_LIB_PATH} "$BUILD/cli/kda-cli" bench "$MODEL" --json "$OUTDIR/ours.json" ${KDA_BENCH_ARGS:-} 2>&1 | tee "$OUTDIR/ours.txt"
 # KDA_BASELINE_POINTS="P:B,..." runs the baseline script through baseline_points.py:
 # its code unchanged, only the measured decode points chosen (and prefill/score skipped).
 if [ -n "${KDA_BASELINE_POINTS:-}" ]; then

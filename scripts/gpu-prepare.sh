@@ -19,8 +19,12 @@ for f in cli/kda-cli server/kda-server tests/kernels/test_kernels tests/kernels/
   mkdir -p ".carry/build/$(dirname $f)"
   strip -o ".carry/build/$f" "build-cuda/$f"
 done
-for lib in $(ldd build-cuda/cli/kda-cli build-cuda/server/kda-server | awk '/=>/ {print $3}' \
-             | grep -E 'libcjson|libsentencepiece|libprotobuf|libmicrohttpd|libgomp|libgnutls' | sort -u); do
+# every shared library of the four programs except glibc, the C++ runtime and
+# CUDA's own (present there): cJSON, cmocka, sentencepiece, libmicrohttpd and
+# what gnutls pulls in (unistring, idn2, nettle, ...), libgomp
+for lib in $(for f in cli/kda-cli server/kda-server tests/kernels/test_kernels tests/kernels/test_cuda_model; do
+                 ldd "build-cuda/$f"; done | awk '/=>/ {print $3}' | sort -u \
+             | grep -vE '/lib(c|m|dl|pthread|rt|gcc_s|stdc\+\+|cuda|cudart|cublas|cublasLt)\.so'); do
   cp -L "$lib" .carry/lib/
 done
 cp "$SHARED/bench/baseline_torch_fla.py" .carry/

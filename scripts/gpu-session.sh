@@ -11,7 +11,9 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/kda-out}
 LOG=/tmp/kda-logs
 rm -rf "$LOG"; mkdir -p "$OUT" "$LOG"
-export LD_LIBRARY_PATH=$PWD/.carry/lib:${LD_LIBRARY_PATH:-}
+# the carried libraries for our programs only (system curl must keep its own)
+export KDA_LIB_PATH=$PWD/.carry/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+ours() { LD_LIBRARY_PATH=$KDA_LIB_PATH "$@"; }
 export PYTHONUNBUFFERED=1
 export KDA_COMMIT=${KDA_COMMIT:-$(cat .carry/commit 2>/dev/null || echo unknown)}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -24,14 +26,14 @@ B=.carry/build
 rc=0
 step() { echo "== $1: $2"; }
 if [ "${KDA_SESSION_SKIP:-}" != tests ]; then
-  KDA_SRC=$PWD KDA_BUILD=$PWD/$B timeout 150 $B/tests/kernels/test_kernels > "$LOG/test_kernels.txt" 2>&1
+  KDA_SRC=$PWD KDA_BUILD=$PWD/$B ours timeout 150 $B/tests/kernels/test_kernels > "$LOG/test_kernels.txt" 2>&1
   r=$?; [ $r = 0 ] || rc=1; step test_kernels "rc=$r"; grep -E "PASSED|FAILED|ERROR|\[  FAILED|fail" "$LOG/test_kernels.txt" | tail -15
-  timeout 150 compute-sanitizer --tool memcheck --leak-check none $B/tests/kernels/test_kernels \
+  ours timeout 150 compute-sanitizer --tool memcheck --leak-check none $B/tests/kernels/test_kernels \
     > "$LOG/memcheck.txt" 2>&1
   r=$?; [ $r = 0 ] || rc=1; step memcheck "rc=$r"; tail -3 "$LOG/memcheck.txt"
   # kda-server --device cuda end to end: greedy output equals kda-cli on the CPU
-  want=$($B/cli/kda-cli generate models/demo --device cpu --text "ROMEO:" --max-tokens 48 --json)
-  $B/server/kda-server --model models/demo --device cuda --port 8089 > "$LOG/server.txt" 2>&1 &
+  want=$(ours $B/cli/kda-cli generate models/demo --device cpu --text "ROMEO:" --max-tokens 48 --json)
+  LD_LIBRARY_PATH=$KDA_LIB_PATH $B/server/kda-server --model models/demo --device cuda --port 8089 > "$LOG/server.txt" 2>&1 &
   spid=$!
   for i in $(seq 100); do curl -sf localhost:8089/health >/dev/null && break; sleep 0.2; done
   got=$(curl -s localhost:8089/generate -d '{"prompt":"ROMEO:","max_tokens":48,"temperature":0}')
@@ -47,7 +49,7 @@ PY
   cat "$LOG/server_check.txt"; grep -iE "memory|pool|weights|concurrent|error" "$LOG/server.txt" | head -8
   echo "$gotsse" | head -c 600 > "$LOG/server_sse.txt"
   wait $gen_pid
-  KDA_SRC=$PWD KDA_BUILD=$PWD/$B KDA_TEST_MODEL_17B=$M17 timeout 200 $B/tests/kernels/test_cuda_model \
+  KDA_SRC=$PWD KDA_BUILD=$PWD/$B KDA_TEST_MODEL_17B=$M17 ours timeout 200 $B/tests/kernels/test_cuda_model \
     > "$LOG/test_cuda_model.txt" 2>&1
   r=$?; [ $r = 0 ] || rc=1; step test_cuda_model "rc=$r"; grep -E "PASSED|FAILED|ERROR|fail|max|rel" "$LOG/test_cuda_model.txt" | tail -25
 fi
