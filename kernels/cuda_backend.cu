@@ -14,6 +14,7 @@
  * kernel touches state for them; a KV block belongs to at most one slot.
  */
 #include <cublas_v2.h>
+#include "cuda_gemm.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -81,7 +82,7 @@ typedef struct {
     int kda_off_f0, kda_off_g0, kda_off_beta, kda_cols;
     int Hq, Hkv, hd, gqa_off_q, gqa_off_g, gqa_off_k, gqa_off_v, gqa_cols;
     int ldp;
-    int gemv_max_t, use_graphs;
+    int gemv_max_t, use_graphs, pdl;
     float eps;
     char devname[256];
     cudaStream_t st;
@@ -118,6 +119,7 @@ typedef struct {
     float *d_lp, *h_lp, *d_toplp, *h_toplp, *h_tlp;
     void *cublas_ws;
     size_t cublas_ws_size;
+    kc_gemm_lt *glt; /* tuned cublasLt plans (NULL: plain kc_gemm) */
     /* graphs per bucket */
     cudaGraphExec_t graph[N_BUCKETS];
     int graph_T[N_BUCKETS];
@@ -245,6 +247,17 @@ static int attn_split_for(const cuda_backend *b, int T)
     return split;
 }
 
+/* kc_gemm through the tuned cublasLt plan when there is one */
+static int gemm(cuda_backend *b, float *y, int ldy, const uint16_t *x, int ldx, const uint16_t *W, int T, int N,
+                int K, float beta, cudaStream_t s)
+{
+    if (b->glt) {
+        const int rc = kc_gemm_lt_run(b->glt, y, ldy, x, ldx, W, T, N, K, beta, s);
+        if (rc <= 0) return rc;
+    }
+    return kc_gemm(b->cublas, y, ldy, x, ldx, W, T, N, K, beta, s);
+}
+
 static int forward(cuda_backend *b, int T, int n_items, int n_out, int split, char *err, size_t errlen)
 {
     const int D = b->D, F = b->F;
@@ -259,7 +272,7 @@ static int forward(cuda_backend *b, int T, int n_items, int n_out, int split, ch
                        KC_OUT_STORE, s));
         } else {
             KK(kc_rmsnorm(b->xn, b->h, NULL, w->attn_norm, T, D, b->eps, s));
-            KK(kc_gemm(b->cublas, b->proj, b->ldp, b->xn, D, w->w_mix, T, w->n_mix, D, 0.0f, s));
+            KK(gemm(b, b->proj, b->ldp, b->xn, D, w->w_mix, T, w->n_mix, D, 0.0f, s));
         }
         int ycols;
         if (b->c->kind[l] == KDA_LAYER_KDA) {
@@ -320,16 +333,16 @@ static int forward(cuda_backend *b, int T, int n_items, int n_out, int split, ch
         if (gemv)
             KK(kc_gemv(b->h, D, w->w_o, D, ycols, b->ybuf, ycols, NULL, 0.0f, T, KC_IN_BF16, KC_OUT_ADD, s));
         else
-            KK(kc_gemm(b->cublas, b->h, D, b->ybuf, ycols, w->w_o, T, D, ycols, 1.0f, s));
+            KK(gemm(b, b->h, D, b->ybuf, ycols, w->w_o, T, D, ycols, 1.0f, s));
         /* MLP */
         if (gemv) {
             KK(kc_gemv(b->act, F, w->w_gu, F, D, b->h, D, w->mlp_norm, b->eps, T, KC_IN_NORM, KC_OUT_SWIGLU, s));
             KK(kc_gemv(b->h, D, w->w_down, D, F, b->act, F, NULL, 0.0f, T, KC_IN_BF16, KC_OUT_ADD, s));
         } else {
             KK(kc_rmsnorm(b->xn, b->h, NULL, w->mlp_norm, T, D, b->eps, s));
-            KK(kc_gemm(b->cublas, b->proj, 2 * F, b->xn, D, w->w_gu, T, 2 * F, D, 0.0f, s));
+            KK(gemm(b, b->proj, 2 * F, b->xn, D, w->w_gu, T, 2 * F, D, 0.0f, s));
             KK(kc_swiglu(b->act, b->proj, T, F, s));
-            KK(kc_gemm(b->cublas, b->h, D, b->act, F, w->w_down, T, D, F, 1.0f, s));
+            KK(gemm(b, b->h, D, b->act, F, w->w_down, T, D, F, 1.0f, s));
         }
     }
     if (n_out > 0) {
@@ -338,7 +351,7 @@ static int forward(cuda_backend *b, int T, int n_items, int n_out, int split, ch
             KK(kc_gemv(b->logits, b->vocab, b->lm_head, b->vocab, D, b->xn, D, NULL, 0.0f, n_out, KC_IN_BF16,
                        KC_OUT_STORE, s));
         else
-            KK(kc_gemm(b->cublas, b->logits, b->vocab, b->xn, D, b->lm_head, n_out, b->vocab, D, 0.0f, s));
+            KK(gemm(b, b->logits, b->vocab, b->xn, D, b->lm_head, n_out, b->vocab, D, 0.0f, s));
     }
     return 0;
 }
@@ -659,6 +672,7 @@ static void cuda_destroy(backend *bb)
     if (!b) return;
     for (int i = 0; i < N_BUCKETS; i++)
         if (b->graph[i]) cudaGraphExecDestroy(b->graph[i]);
+    kc_gemm_lt_destroy(b->glt);
     if (b->cublas) cublasDestroy(b->cublas);
     if (b->st) cudaStreamDestroy(b->st);
     cudaFree(b->pool);
@@ -731,6 +745,11 @@ int cuda_backend_create(backend **out, const backend_params *p, char *err, size_
             goto fail;
         }
         snprintf(b->devname, sizeof b->devname, "%s", prop.name);
+        /* programmatic dependent launch (sm_90+) for the ops_basic/ops_sample
+         * kernels, eager and captured alike; KDA_PDL=0 turns it off */
+        const char *pv = getenv("KDA_PDL");
+        b->pdl = prop.major >= 9 && !(pv && strcmp(pv, "0") == 0);
+        kc_set_pdl(b->pdl);
     }
     /* projection layouts */
     b->kda_off_f0 = 2 * b->HK + b->HV;
@@ -754,7 +773,8 @@ int cuda_backend_create(backend **out, const backend_params *p, char *err, size_
     b->max_blocks = (b->max_seq_len + KV_BLK - 1) / KV_BLK;
     b->kv_layer_elems = (size_t)2 * b->Hkv * KV_BLK * b->hd;
     b->block_elems = b->kv_layer_elems * b->n_gqa;
-    b->kda_layer_floats = (size_t)b->H * b->K * b->Vh + (size_t)(b->taps - 1) * (2 * b->HK + b->HV);
+    /* rounded to 4 floats: the tiled KDA kernel moves the state in 16-byte units */
+    b->kda_layer_floats = ((size_t)b->H * b->K * b->Vh + (size_t)(b->taps - 1) * (2 * b->HK + b->HV) + 3) & ~(size_t)3;
     b->slot_floats = b->kda_layer_floats * b->n_kda;
     {
         const int nsplit256 = (b->max_seq_len + 255) / 256;
@@ -987,6 +1007,56 @@ int cuda_backend_create(backend **out, const backend_params *p, char *err, size_
         snprintf(err, errlen, "cudaMemset failed");
         goto fail;
     }
+    /* cublasLt plans for every decode GEMM shape of each graph bucket (T > gemv_max_t) */
+    if (env_int("KDA_CUDA_GEMM_LT", 1)) {
+        b->glt = kc_gemm_lt_create(b->cublas_ws_size, b->cublas_ws);
+        if (b->glt) {
+            const int D = b->D, F = b->F, TM = b->TM;
+            const int yc = b->HV > b->Hq * b->hd ? b->HV : b->Hq * b->hd;
+            int trc = kc_gemm_lt_fill_bf16(b->xn, (size_t)TM * D, 1u, b->st);
+            if (!trc) trc = kc_gemm_lt_fill_bf16(b->act, (size_t)TM * F, 2u, b->st);
+            if (!trc) trc = kc_gemm_lt_fill_bf16(b->ybuf, (size_t)TM * yc, 3u, b->st);
+            for (int Tb = 1; Tb <= TM && !trc; Tb <<= 1) {
+                if (Tb <= b->gemv_max_t) continue;
+                int done_kda = 0, done_gqa = 0;
+                for (int l = 0; l < c->n_layers && !trc; l++) {
+                    const int kda = c->kind[l] == KDA_LAYER_KDA;
+                    if (kda ? done_kda : done_gqa) continue; /* same shapes as an earlier layer */
+                    if (kda)
+                        done_kda = 1;
+                    else
+                        done_gqa = 1;
+                    const cu_layer *w = &b->lw[l];
+                    const int ycols = kda ? b->HV : b->Hq * b->hd;
+                    trc = kc_gemm_lt_tune(b->glt, b->cublas, b->proj, b->ldp, b->xn, D, w->w_mix, Tb, w->n_mix, D,
+                                          0.0f, b->st);
+                    if (!trc)
+                        trc = kc_gemm_lt_tune(b->glt, b->cublas, b->h, D, b->ybuf, ycols, w->w_o, Tb, D, ycols, 1.0f,
+                                              b->st);
+                }
+                const cu_layer *w0 = &b->lw[0];
+                if (!trc)
+                    trc = kc_gemm_lt_tune(b->glt, b->cublas, b->proj, 2 * F, b->xn, D, w0->w_gu, Tb, 2 * F, D, 0.0f,
+                                          b->st);
+                if (!trc)
+                    trc = kc_gemm_lt_tune(b->glt, b->cublas, b->h, D, b->act, F, w0->w_down, Tb, D, F, 1.0f, b->st);
+                if (!trc)
+                    trc = kc_gemm_lt_tune(b->glt, b->cublas, b->logits, b->vocab, b->xn, D, b->lm_head, Tb, b->vocab,
+                                          D, 0.0f, b->st);
+            }
+            kc_gemm_lt_release_scratch(b->glt);
+            if (trc) { /* tuning failed: keep plain kc_gemm (a device error surfaces in the warm-up below) */
+                kc_gemm_lt_destroy(b->glt);
+                b->glt = NULL;
+            }
+            if (cublasSetStream(b->cublas, b->st) != CUBLAS_STATUS_SUCCESS) {
+                rc = KDA_EDEVICE;
+                snprintf(err, errlen, "cuBLAS setup failed");
+                goto fail;
+            }
+        }
+    }
+
     /* warm-up outside any capture: kernel attributes, cuBLAS heuristics (all rows padding) */
     for (int r = 0; r < b->TM; r++) {
         b->hm.tok_ids[r] = -1, b->hm.tok_pos[r] = 0, b->hm.tok_slot[r] = -1;
@@ -1017,11 +1087,12 @@ int cuda_backend_create(backend **out, const backend_params *p, char *err, size_
             fprintf(stderr,
                     "cuda: %s, pool %zu MiB: weights %zu MiB, KV %zu MiB (%d blocks x %d tokens, %zu KiB/token), "
                     "KDA state %zu MiB (%d slots x %.1f MiB), activations %zu MiB (%d rows); "
-                    "max concurrent sequences at full context (%d tokens): %d; gemv<=%d rows, graphs %s\n",
+                    "max concurrent sequences at full context (%d tokens): %d; gemv<=%d rows, graphs %s, pdl %s\n",
                     b->devname, b->pool_size >> 20, b->weight_bytes >> 20, b->kv_bytes >> 20, b->n_blocks, KV_BLK,
                     b->n_gqa ? b->block_elems * 2 / KV_BLK / 1024 : 0, b->state_bytes >> 20, b->max_seqs,
                     per_seq_state / 1048576.0, b->act_bytes >> 20, b->TM, b->max_seq_len,
-                    full < b->max_seqs ? full : b->max_seqs, b->gemv_max_t, b->use_graphs ? "on" : "off");
+                    full < b->max_seqs ? full : b->max_seqs, b->gemv_max_t, b->use_graphs ? "on" : "off",
+                    b->pdl ? "on" : "off");
         (void)per_seq_kv;
     }
     *out = &b->base;

@@ -90,6 +90,8 @@ static void run_gemv(void *c, int r)
     const uint16_t *W = g->W[r % g->nw];
     if (g->use_cublas)
         kc_gemm(g->h, (float *)g->y, g->N, (const uint16_t *)g->x, g->K, W, g->T, g->N, g->K, 0.0f, 0);
+    else if (g->mode_out == KC_OUT_SWIGLU) /* N weight rows = N/2 gate|up pairs, bf16 out */
+        kc_gemv(g->y, g->N / 2, W, g->N / 2, g->K, g->x, g->K, NULL, 0.0f, g->T, g->mode_in, g->mode_out, 0);
     else
         kc_gemv(g->y, g->N, W, g->N, g->K, g->x, g->K, NULL, 0.0f, g->T, g->mode_in, g->mode_out, 0);
 }
@@ -139,19 +141,27 @@ extern "C" int cuda_bench_kernels(FILE *json, FILE *table)
     cudaFree(cc.src);
     cudaFree(cc.dst);
 
-    /* GEMV vs cuBLAS at the 1.7B decode shapes; 4 weight copies rotated (> L2) */
+    /* GEMV vs cuBLAS at the 1.7B decode shapes; 4 weight copies rotated (> L2).
+     * Every row goes through kc_gemv, so it times the variant (warps per row)
+     * that kc_gemv picks for the shape; the last two rows are the decode
+     * epilogues (o-proj += residual, gate|up -> SwiGLU) and have no cuBLAS twin. */
     cublasHandle_t h;
     cublasCreate(&h);
-    const struct { const char *name; int N, K; } shp[] = {
-        {"KDA q|k|v|f0|g0|b 6416x2048", 6416, 2048}, {"MLP gate|up 16128x2048", 16128, 2048},
-        {"MLP down 2048x8064", 2048, 8064}, {"logits 32000x2048", 32000, 2048}};
-    for (int s = 0; s < 4; s++) {
+    const struct { const char *name; int N, K, out; } shp[] = {
+        {"KDA q|k|v|f0|g0|b 6416x2048", 6416, 2048, KC_OUT_STORE},
+        {"MLP gate|up 16128x2048", 16128, 2048, KC_OUT_STORE},
+        {"MLP down 2048x8064", 2048, 8064, KC_OUT_STORE},
+        {"logits 32000x2048", 32000, 2048, KC_OUT_STORE},
+        {"o-proj 2048x2048 (+= residual)", 2048, 2048, KC_OUT_ADD},
+        {"MLP gate|up 16128x2048 (swiglu)", 16128, 2048, KC_OUT_SWIGLU}};
+    for (int s = 0; s < 6; s++) {
         for (int T = 1; T <= 16; T *= 4) {
+            if (shp[s].out != KC_OUT_STORE && T > KC_GEMV_MAX_T) continue;
             gemv_ctx g;
             memset(&g, 0, sizeof g);
             g.nw = 4;
             g.N = shp[s].N, g.K = shp[s].K, g.T = T, g.h = h;
-            g.mode_in = KC_IN_BF16, g.mode_out = KC_OUT_STORE;
+            g.mode_in = KC_IN_BF16, g.mode_out = shp[s].out;
             for (int i = 0; i < 4; i++) {
                 cudaMalloc((void **)&g.W[i], (size_t)g.N * g.K * 2);
                 fill_bf16(g.W[i], (size_t)g.N * g.K * 2, 10 + i);
@@ -159,6 +169,7 @@ extern "C" int cuda_bench_kernels(FILE *json, FILE *table)
             cudaMalloc(&g.x, (size_t)T * g.K * 2);
             fill_bf16(g.x, (size_t)T * g.K * 2, 99);
             cudaMalloc(&g.y, (size_t)T * g.N * 4);
+            fill_f32(g.y, (size_t)T * g.N * 4, 98); /* the residual of KC_OUT_ADD */
             const double bytes = (double)g.N * g.K * 2;
             char name[128];
             if (T <= KC_GEMV_MAX_T) {
@@ -166,10 +177,12 @@ extern "C" int cuda_bench_kernels(FILE *json, FILE *table)
                 snprintf(name, sizeof name, "gemv T=%d %s", T, shp[s].name);
                 emit(json, table, &first, name, bytes, ms, copy_tbs);
             }
-            g.use_cublas = 1;
-            ms = median_ms(run_gemv, &g, 20);
-            snprintf(name, sizeof name, "cublas T=%d %s", T, shp[s].name);
-            emit(json, table, &first, name, bytes, ms, copy_tbs);
+            if (shp[s].out == KC_OUT_STORE) {
+                g.use_cublas = 1;
+                ms = median_ms(run_gemv, &g, 20);
+                snprintf(name, sizeof name, "cublas T=%d %s", T, shp[s].name);
+                emit(json, table, &first, name, bytes, ms, copy_tbs);
+            }
             for (int i = 0; i < 4; i++) cudaFree(g.W[i]);
             cudaFree(g.x);
             cudaFree(g.y);
@@ -208,11 +221,16 @@ extern "C" int cuda_bench_kernels(FILE *json, FILE *table)
         float *lr;
         cudaMalloc((void **)&lr, (size_t)B * (HK + HV) * 4);
         a.lowrank = lr, a.lowrank_rows = B;
-        ms = median_ms(run_kda, &a, 20);
-        cudaFree(lr);
         char name[128];
-        snprintf(name, sizeof name, "kda lowrank+step B=%d (state read+write)", B);
-        emit(json, table, &first, name, 2.0 * B * H * K * V * 4, ms, copy_tbs);
+        /* the column-tiled cluster kernel (default) and the v2 block-per-head kernel */
+        for (int v1 = 1; v1 >= 0; v1--) {
+            if (v1) setenv("KDA_KDA_V1", "1", 1);
+            ms = median_ms(run_kda, &a, 20);
+            if (v1) unsetenv("KDA_KDA_V1");
+            snprintf(name, sizeof name, "kda lowrank+step%s B=%d (state read+write)", v1 ? " [v2 kernel]" : "", B);
+            emit(json, table, &first, name, 2.0 * B * H * K * V * 4, ms, copy_tbs);
+        }
+        cudaFree(lr);
         cudaFree(proj), cudaFree(state), cudaFree(vecs), cudaFree(w), cudaFree(y), cudaFree(dmeta);
         free(meta);
     }

@@ -114,4 +114,43 @@ static __host__ __device__ __forceinline__ double kc_rng_uniform(uint64_t seed, 
     return (double)(kc_splitmix64(seed ^ kc_splitmix64(counter)) >> 11) * 0x1.0p-53;
 }
 
+/* Programmatic dependent launch (PDL, sm_90). Kernels launched through
+ * kc_launch() with PDL on may start while the previous kernel in the stream
+ * is still running. Rules for every kernel launched that way:
+ *   - KC_PDL_WAIT() before ANY global-memory access other than reading
+ *     weights (inputs may not be written yet; outputs may still be read),
+ *   - never return before KC_PDL_WAIT() (the next kernel's wait covers only
+ *     this kernel's completion, so a kernel that skips the wait could let a
+ *     later kernel overtake the one before it),
+ *   - KC_PDL_TRIGGER() may come anywhere; it only lets the next kernel be
+ *     scheduled early, its wait still sees this kernel's complete results.
+ * Off (kc_pdl_on == 0) both are no-ops in effect and launches are ordinary. */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define KC_PDL_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
+#define KC_PDL_TRIGGER() asm volatile("griddepcontrol.launch_dependents;" ::: "memory")
+#else
+#define KC_PDL_WAIT() ((void)0)
+#define KC_PDL_TRIGGER() ((void)0)
+#endif
+
+extern int kc_pdl_on; /* defined in ops_basic.cu; set by kc_set_pdl() */
+
+/* Launch with the PDL attribute when kc_pdl_on; returns the launch error. */
+template <typename... KArgs, typename... Args>
+static inline cudaError_t kc_launch(void (*k)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                                    Args &&...args)
+{
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = kc_pdl_on ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, k, static_cast<Args &&>(args)...);
+}
+
 #endif

@@ -22,6 +22,10 @@ extern "C" {
 #endif
 
 /* h[t] = E[ids[t]] as fp32 (ids[t] < 0: zeros). E [vocab, D] bf16. */
+/* Programmatic dependent launch for every kernel below (default off; the
+ * backend turns it on unless KDA_PDL=0). */
+void kc_set_pdl(int on);
+
 int kc_embed(float *h, const uint16_t *E, const int32_t *ids, int T, int D, cudaStream_t s);
 
 /* out[i] = bf16(RMSNorm(x[rows ? rows[i] : i]; w, eps)), i < T. x [*, D] fp32. */

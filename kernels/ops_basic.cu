@@ -8,8 +8,28 @@
 #include "cuda_common.cuh"
 #include "cuda_ops.h"
 
+int kc_pdl_on = 0;
+void kc_set_pdl(int on) { kc_pdl_on = on; }
+
+/* kc_launch() (PDL attribute when kc_pdl_on) with the KC_LAUNCH_CHECK contract:
+ * a failed launch prints and makes the launcher return -7. Every kernel in
+ * this file calls KC_PDL_WAIT() before touching non-weight global memory and
+ * never returns before it (cuda_common.cuh). */
+#define KC_LAUNCH(...)                                                                             \
+    do {                                                                                           \
+        cudaError_t e_ = kc_launch(__VA_ARGS__);                                                   \
+        if (e_ != cudaSuccess) {                                                                   \
+            (void)cudaGetLastError();                                                              \
+            fprintf(stderr, "%s:%d: kernel launch failed: %s\n", __FILE__, __LINE__,               \
+                    cudaGetErrorString(e_));                                                       \
+            return -7;                                                                             \
+        }                                                                                          \
+    } while (0)
+
 __global__ void embed_kernel(float *h, const bf16 *E, const int32_t *ids, int D)
 {
+    KC_PDL_WAIT();
+    KC_PDL_TRIGGER();
     const int t = blockIdx.x, id = ids[t];
     for (int i = threadIdx.x; i < D; i += blockDim.x)
         h[(size_t)t * D + i] = id >= 0 ? bf2f(E[(size_t)id * D + i]) : 0.0f;
@@ -18,14 +38,15 @@ __global__ void embed_kernel(float *h, const bf16 *E, const int32_t *ids, int D)
 int kc_embed(float *h, const uint16_t *E, const int32_t *ids, int T, int D, cudaStream_t s)
 {
     if (T <= 0) return 0;
-    embed_kernel<<<T, 256, 0, s>>>(h, (const bf16 *)E, ids, D);
-    KC_LAUNCH_CHECK();
+    KC_LAUNCH(embed_kernel, dim3(T), dim3(256), 0, s, h, (const bf16 *)E, ids, D);
     return 0;
 }
 
 __global__ void rmsnorm_kernel(bf16 *out, const float *x, const int32_t *rows, const float *w, int D, float eps)
 {
     __shared__ float red[32];
+    KC_PDL_WAIT();
+    KC_PDL_TRIGGER();
     const int t = blockIdx.x;
     const float *xr = x + (size_t)(rows ? rows[t] : t) * D;
     float ss = 0.0f;
@@ -39,13 +60,14 @@ int kc_rmsnorm(uint16_t *out, const float *x, const int32_t *rows, const float *
                cudaStream_t s)
 {
     if (T <= 0) return 0;
-    rmsnorm_kernel<<<T, 256, 0, s>>>((bf16 *)out, x, rows, w, D, eps);
-    KC_LAUNCH_CHECK();
+    KC_LAUNCH(rmsnorm_kernel, dim3(T), dim3(256), 0, s, (bf16 *)out, x, rows, w, D, eps);
     return 0;
 }
 
 __global__ void swiglu_kernel(bf16 *out, const float *gu, int F)
 {
+    KC_PDL_WAIT(); /* before the bounds return: no thread may exit before waiting */
+    KC_PDL_TRIGGER();
     const int t = blockIdx.y;
     const int f = blockIdx.x * blockDim.x + threadIdx.x;
     if (f >= F) return;
@@ -56,43 +78,77 @@ __global__ void swiglu_kernel(bf16 *out, const float *gu, int F)
 int kc_swiglu(uint16_t *out, const float *gu, int T, int F, cudaStream_t s)
 {
     if (T <= 0) return 0;
-    swiglu_kernel<<<dim3((F + 255) / 256, T), 256, 0, s>>>((bf16 *)out, gu, F);
-    KC_LAUNCH_CHECK();
+    KC_LAUNCH(swiglu_kernel, dim3((F + 255) / 256, T), dim3(256), 0, s, (bf16 *)out, gu, F);
     return 0;
 }
 
-/* ---- GEMV: one warp per pair of weight rows, 16-byte loads, the T input
- * rows staged once per block in shared memory as bf16. Weights stream
- * through once (they are the bytes that matter at small batch). ---- */
+/* ---- GEMV (skinny GEMM, T <= 8 rows): 16-byte weight loads, the T input
+ * rows staged once per block in shared memory as bf16.
+ *
+ * Block = GEMV_WARPS warps. S warps (S | GEMV_WARPS, chosen per shape by
+ * gemv_split) share one output row (SwiGLU: its gate and up rows), split
+ * over K: warp seg of the row takes the 16-byte chunks seg*32 + lane +
+ * j*32*S, so the S warps of a row read adjacent 512-byte pieces, and the S
+ * partial sums are added in shared memory in a fixed order. Short K (one
+ * warp per row) and long K (several warps per row: the 2048 x 8064 down
+ * projection) both end up with about 8 loads per lane, and small N (2048
+ * rows) still gets enough warps to fill the machine.
+ *
+ * Weight loads run in groups of 4 per lane, double-buffered (8 in flight).
+ * The first two groups -- for K = 2048 (and 8064 at S = 4) the whole of this
+ * lane's share -- are issued BEFORE the PDL wait: weights are never written,
+ * so their stream overlaps the tail of the previous kernel. Everything else
+ * (input staging, the RMSNorm prologue, the outputs) comes after the wait. */
 #define GEMV_WARPS 8
 
-template <int T, int IN, int OUT>
-__global__ void __launch_bounds__(GEMV_WARPS * 32)
-gemv_kernel(void *y, int ldy, const bf16 *__restrict__ W, int N, int K, const void *x, int ldx,
-            const float *__restrict__ normw, float eps)
+/* weights: read once, streamed (no L1 allocation, so the staged input stays cached) */
+static __device__ __forceinline__ uint4 ld_stream(const uint4 *p)
 {
-    /* One warp per output (SwiGLU: its gate and up rows). The first PRE
-     * 16-byte chunks of the weight rows are requested before the input is
-     * staged, so the staging latency hides behind the weight stream. */
-    constexpr int PRE = 4, NR = OUT == KC_OUT_SWIGLU ? 2 : 1;
-    extern __shared__ uint4 xs4[]; /* [T][K/8] */
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+template <int T, int IN, int OUT>
+__global__ void __launch_bounds__(GEMV_WARPS * 32, T <= 2 ? 4 : T <= 4 ? 3 : 2)
+gemv_kernel(void *y, int ldy, const bf16 *__restrict__ W, int N, int K, const void *x, int ldx,
+            const float *__restrict__ normw, float eps, int S)
+{
+    constexpr int NR = OUT == KC_OUT_SWIGLU ? 2 : 1; /* weight rows per output */
+    constexpr int G = 4 / NR;                         /* chunks per row per load group (4 loads) */
+    extern __shared__ uint4 xs4[];                    /* [T][K/8] */
     __shared__ float red[32];
+    __shared__ float part[GEMV_WARPS][NR * T];
     bf16 *xs = (bf16 *)xs4;
     const int K8 = K / 8;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int r0 = blockIdx.x * GEMV_WARPS + warp;
+    const int rl = warp / S, seg = warp - rl * S;
+    const int r0 = blockIdx.x * (GEMV_WARPS / S) + rl;
     const bool live = r0 < N;
     const uint4 *wr[NR];
     wr[0] = (const uint4 *)(W + (size_t)(live ? r0 : 0) * K);
     if (NR == 2) wr[NR - 1] = (const uint4 *)(W + (size_t)(live ? N + r0 : 0) * K);
-    uint4 pre[NR][PRE];
+    const int c0 = seg * 32 + lane, cs = 32 * S;
+    const int nc = live && c0 < K8 ? (K8 - c0 + cs - 1) / cs : 0; /* this lane's chunks per row */
+    const int ng = (nc + G - 1) / G;
+
+    auto load = [&](uint4(&buf)[NR][G], int g) {
 #pragma unroll
-    for (int u = 0; u < PRE; u++) {
-        const int c = lane + 32 * u;
+        for (int u = 0; u < G; u++) {
+            const int j = g * G + u;
 #pragma unroll
-        for (int q = 0; q < NR; q++)
-            if (live && c < K8) pre[q][u] = __ldg(wr[q] + c);
-    }
+            for (int q = 0; q < NR; q++) buf[q][u] = j < nc ? ld_stream(wr[q] + c0 + j * cs) : make_uint4(0, 0, 0, 0);
+        }
+    };
+    uint4 A[NR][G], B[NR][G];
+    load(A, 0);
+    load(B, 1);
+
+    KC_PDL_WAIT();
+    KC_PDL_TRIGGER();
+
     if (IN == KC_IN_NORM) {
         for (int t = 0; t < T; t++) {
             const float *xr = (const float *)x + (size_t)t * ldx;
@@ -104,60 +160,94 @@ gemv_kernel(void *y, int ldy, const bf16 *__restrict__ W, int N, int K, const vo
         }
     } else {
         for (int i = threadIdx.x; i < T * K8; i += blockDim.x) {
-            const int t = i / K8, c = i % K8;
+            const int t = i / K8, c = i - t * K8;
             xs4[i] = ((const uint4 *)((const bf16 *)x + (size_t)t * ldx))[c];
         }
     }
     __syncthreads();
-    if (!live) return;
+
     float acc[NR][T];
 #pragma unroll
     for (int q = 0; q < NR; q++)
 #pragma unroll
         for (int t = 0; t < T; t++) acc[q][t] = 0.0f;
-    auto consume = [&](const uint4 (&wv)[NR], int c) {
-        float wf[NR][8];
+    auto consume = [&](const uint4(&buf)[NR][G], int g) {
 #pragma unroll
-        for (int q = 0; q < NR; q++) bf8_to_f(wv[q], wf[q]);
+        for (int u = 0; u < G; u++) {
+            const int j = g * G + u;
+            if (j >= nc) break;
+            const int c = c0 + j * cs;
+            float wf[NR][8];
 #pragma unroll
-        for (int t = 0; t < T; t++) {
-            float xf[8];
-            bf8_to_f(xs4[t * K8 + c], xf);
+            for (int q = 0; q < NR; q++) bf8_to_f(buf[q][u], wf[q]);
+#pragma unroll
+            for (int t = 0; t < T; t++) {
+                float xf[8];
+                bf8_to_f(xs4[t * K8 + c], xf);
+#pragma unroll
+                for (int q = 0; q < NR; q++)
+#pragma unroll
+                    for (int e = 0; e < 8; e++) acc[q][t] = fmaf(wf[q][e], xf[e], acc[q][t]);
+            }
+        }
+    };
+    for (int g = 0; g < ng; g += 2) {
+        consume(A, g);
+        load(A, g + 2);
+        consume(B, g + 1);
+        load(B, g + 3);
+    }
+
+    float v[NR][T];
+#pragma unroll
+    for (int q = 0; q < NR; q++)
+#pragma unroll
+        for (int t = 0; t < T; t++) v[q][t] = warp_sum(acc[q][t]);
+    if (S > 1) { /* uniform over the block */
+        if (lane == 0)
 #pragma unroll
             for (int q = 0; q < NR; q++)
 #pragma unroll
-                for (int e = 0; e < 8; e++) acc[q][t] = fmaf(wf[q][e], xf[e], acc[q][t]);
-        }
-    };
+                for (int t = 0; t < T; t++) part[warp][q * T + t] = v[q][t];
+        __syncthreads();
+        if (seg == 0)
 #pragma unroll
-    for (int u = 0; u < PRE; u++) {
-        const int c = lane + 32 * u;
-        if (c < K8) {
-            uint4 wv[NR];
+            for (int q = 0; q < NR; q++)
 #pragma unroll
-            for (int q = 0; q < NR; q++) wv[q] = pre[q][u];
-            consume(wv, c);
-        }
+                for (int t = 0; t < T; t++) {
+                    float sum = part[warp][q * T + t];
+                    for (int k = 1; k < S; k++) sum += part[warp + k][q * T + t];
+                    v[q][t] = sum;
+                }
     }
-#pragma unroll 4
-    for (int c = lane + 32 * PRE; c < K8; c += 32) {
-        uint4 wv[NR];
-#pragma unroll
-        for (int q = 0; q < NR; q++) wv[q] = __ldg(wr[q] + c);
-        consume(wv, c);
-    }
+    if (!live || seg != 0) return;
 #pragma unroll
     for (int t = 0; t < T; t++) {
-        const float s0 = warp_sum(acc[0][t]), s1 = warp_sum(acc[NR - 1][t]);
-        if (lane != 0) continue;
+        if (lane != t) continue; /* lane t writes row t */
         if (OUT == KC_OUT_SWIGLU) {
-            ((bf16 *)y)[(size_t)t * ldy + r0] = f2bf(siluf_(s0) * s1);
+            ((bf16 *)y)[(size_t)t * ldy + r0] = f2bf(siluf_(v[0][t]) * v[NR - 1][t]);
         } else if (OUT == KC_OUT_ADD) {
-            ((float *)y)[(size_t)t * ldy + r0] += s0;
+            ((float *)y)[(size_t)t * ldy + r0] += v[0][t];
         } else {
-            ((float *)y)[(size_t)t * ldy + r0] = s0;
+            ((float *)y)[(size_t)t * ldy + r0] = v[0][t];
         }
     }
+}
+
+/* Warps per output row: split K until a lane has at most 8 loads (NR rows x
+ * chunks), and keep splitting while fewer than 4096 warps would run (about
+ * 31 per SM on 132 SMs) and a lane still keeps >= 4 chunks. */
+static int gemv_split(int N, int K8, int nr)
+{
+    int S = 1;
+    while (S < GEMV_WARPS) {
+        const int per_lane = (K8 + 32 * S - 1) / (32 * S);
+        if (nr * per_lane > 8 || ((long)N * S < 4096 && K8 / (32 * S) >= 4))
+            S *= 2;
+        else
+            break;
+    }
+    return S;
 }
 
 template <int T, int IN, int OUT>
@@ -170,9 +260,10 @@ static int gemv_launch(void *y, int ldy, const bf16 *W, int N, int K, const void
         cudaFuncSetAttribute(gemv_kernel<T, IN, OUT>, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024);
         attr_done = 1;
     }
-    const int grid = (N + GEMV_WARPS - 1) / GEMV_WARPS;
-    gemv_kernel<T, IN, OUT><<<grid, GEMV_WARPS * 32, smem, s>>>(y, ldy, W, N, K, x, ldx, nw, eps);
-    KC_LAUNCH_CHECK();
+    const int S = gemv_split(N, K / 8, OUT == KC_OUT_SWIGLU ? 2 : 1), rows = GEMV_WARPS / S;
+    const int grid = (N + rows - 1) / rows;
+    KC_LAUNCH(gemv_kernel<T, IN, OUT>, dim3(grid), dim3(GEMV_WARPS * 32), smem, s, y, ldy, W, N, K, x, ldx, nw,
+              eps, S);
     return 0;
 }
 
@@ -227,6 +318,8 @@ int kc_gemm(void *handle, float *y, int ldy, const uint16_t *x, int ldx, const u
 __global__ void lse_kernel(float *lse, const float *logits, int vocab)
 {
     __shared__ float red[32];
+    KC_PDL_WAIT();
+    KC_PDL_TRIGGER();
     const float *x = logits + (size_t)blockIdx.x * vocab;
     float m = -INFINITY;
     for (int i = threadIdx.x; i < vocab; i += blockDim.x) m = fmaxf(m, x[i]);
@@ -240,14 +333,15 @@ __global__ void lse_kernel(float *lse, const float *logits, int vocab)
 int kc_row_lse(float *lse, const float *logits, int n, int vocab, cudaStream_t s)
 {
     if (n <= 0) return 0;
-    lse_kernel<<<n, 1024, 0, s>>>(lse, logits, vocab);
-    KC_LAUNCH_CHECK();
+    KC_LAUNCH(lse_kernel, dim3(n), dim3(1024), 0, s, lse, logits, vocab);
     return 0;
 }
 
 __global__ void gather_lp_kernel(float *out, const float *logits, const float *lse, const int32_t *rows,
                                  const int32_t *targets, int n, int vocab)
 {
+    KC_PDL_WAIT();
+    KC_PDL_TRIGGER();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     const int r = rows[i], t = targets[i];
@@ -258,7 +352,6 @@ int kc_gather_logprob(float *out, const float *logits, const float *lse, const i
                       const int32_t *targets, int n, int vocab, cudaStream_t s)
 {
     if (n <= 0) return 0;
-    gather_lp_kernel<<<(n + 127) / 128, 128, 0, s>>>(out, logits, lse, rows, targets, n, vocab);
-    KC_LAUNCH_CHECK();
+    KC_LAUNCH(gather_lp_kernel, dim3((n + 127) / 128), dim3(128), 0, s, out, logits, lse, rows, targets, n, vocab);
     return 0;
 }

@@ -10,6 +10,14 @@
 #define ATTN_THREADS 128
 #define ATTN_MAX_SPLIT 256
 
+/* kc_launch result -> 0 or -7 (KC_LAUNCH_CHECK's code), with a message */
+static int gqa_launch_rc(cudaError_t e, const char *what, int line)
+{
+    if (e == cudaSuccess) return 0;
+    fprintf(stderr, "%s:%d: %s launch failed: %s\n", __FILE__, line, what, cudaGetErrorString(e));
+    return -7;
+}
+
 static __device__ __forceinline__ bf16 *kv_ptr(const kc_gqa_args &a, int slot, int pos, int kvh, int is_v)
 {
     const int b = a.block_table[(size_t)slot * a.max_blocks + pos / a.blk];
@@ -21,6 +29,8 @@ static __device__ __forceinline__ bf16 *kv_ptr(const kc_gqa_args &a, int slot, i
 __global__ void gqa_qkv_kernel(kc_gqa_args a)
 {
     __shared__ float xs[128], red[32];
+    KC_PDL_WAIT();
+    KC_PDL_TRIGGER();
     const int t = blockIdx.x, hh = blockIdx.y, d = threadIdx.x, hd = a.hd;
     const int slot = a.tok_slot[t];
     if (slot < 0) return;
@@ -56,120 +66,250 @@ int kc_gqa_qkv(const kc_gqa_args *a, cudaStream_t s)
 {
     if (a->T <= 0) return 0;
     if (a->hd > 128 || a->rope_dim > a->hd || (a->rope_dim & 1)) return -5;
-    gqa_qkv_kernel<<<dim3(a->T, a->Hq + a->Hkv), (a->hd + 31) / 32 * 32, 0, s>>>(*a);
-    KC_LAUNCH_CHECK();
-    return 0;
+    const cudaError_t e = kc_launch(gqa_qkv_kernel, dim3(a->T, a->Hq + a->Hkv), dim3((a->hd + 31) / 32 * 32), 0, s, *a);
+    return gqa_launch_rc(e, "gqa qkv", __LINE__);
 }
 
-/* grid (T, Hkv, nsplit), ATTN_THREADS threads. Scores of one split in shared
- * memory, softmax partials (m, l) and the unnormalised output to scratch. */
+/* ---- split-context decode attention (flash-decoding) ----
+ * grid (T, Hkv, nsplit), ATTN_THREADS threads; block (t, kvh, sp) covers the
+ * keys [sp * split, min(sp * split + split, n_ctx)) of row t for the G query
+ * heads of KV head kvh, and writes per query head the softmax partials
+ * ml = (m, l) (max score, sum of exp(score - m)) and the unnormalised output
+ * opart = sum exp(score - m) v, which gqa_combine_kernel merges over splits.
+ *
+ * A key row (hd bf16) is read by LPK = hd / 8 lanes with one 16-byte load
+ * each, so a warp load instruction covers KPI = 32 / LPK keys (2 for hd 128).
+ * Each warp walks tiles of TK keys (U load instructions for K and U for V per
+ * lane), tiles interleaved over the warps, with the next tile's K and V loads
+ * issued before the current tile is computed (register double buffering).
+ * Every group of LPK lanes (one key of each load) is an independent
+ * online-softmax stream with its own (m, l, acc) for all G query heads, so
+ * each K/V load serves the G heads and the loop needs no cross-group
+ * communication. Streams are merged inside the warp by shuffles at the end,
+ * then across the warps in shared memory. fp32 throughout, accurate expf. */
+#define ATTN_NW (ATTN_THREADS / 32)
+
+/* 16-byte K/V load; read once, so no L1 allocation */
+static __device__ __forceinline__ uint4 ld_stream16(const bf16 *p)
+{
+    uint4 r;
+    asm("ld.global.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+        : "l"(p));
+    return r;
+}
+
+/* 16-byte shared load the compiler may not hoist out of the key loop (that
+ * would pin G * 8 query registers per lane) */
+static __device__ __forceinline__ float4 lds16(const float4 *p)
+{
+    float4 r;
+    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(r.x), "=f"(r.y), "=f"(r.z), "=f"(r.w)
+                 : "r"((unsigned)__cvta_generic_to_shared(p)));
+    return r;
+}
+
+template <int U> struct attn_tile {
+    uint4 k[U], v[U];
+};
+
+/* Issue the K and V loads of warp tile `tile` (keys tile*TK .. of the split)
+ * for this lane: key kq + u * KPI of the tile, dims sub*8 .. sub*8+7. Keys
+ * past the split's end read nothing and are zero. */
+template <int HD, int U, int KPI>
+static __device__ __forceinline__ void attn_load(attn_tile<U> &b, const bf16 *kvb, const long long *koff, size_t voff,
+                                                 int tile, int nk, int kq, int sub)
+{
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int idx = tile * (U * KPI) + u * KPI + kq;
+        if (idx < nk) {
+            const bf16 *p = kvb + koff[idx] + sub * 8;
+            b.k[u] = ld_stream16(p);
+            b.v[u] = ld_stream16(p + voff);
+        } else {
+            b.k[u] = make_uint4(0u, 0u, 0u, 0u);
+            b.v[u] = make_uint4(0u, 0u, 0u, 0u);
+        }
+    }
+}
+
+/* Online-softmax update of this lane's stream with one loaded tile. */
+template <int HD, int G, int U, int KPI>
+static __device__ __forceinline__ void attn_compute(const attn_tile<U> &b, const float4 *qs, float (&m)[G],
+                                                    float (&l)[G], float (&acc)[G][8], int tile, int nk, int kq)
+{
+    constexpr int LPK = HD / 8;
+    float s[U][G];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        float kf[8];
+        bf8_to_f(b.k[u], kf);
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+            /* q re-read from shared memory (2 LDS.128): keeps 8 G registers free */
+            const float4 q0 = lds16(qs + g * (HD / 4)), q1 = lds16(qs + g * (HD / 4) + 1);
+            float x = q0.x * kf[0];
+            x = fmaf(q0.y, kf[1], x);
+            x = fmaf(q0.z, kf[2], x);
+            x = fmaf(q0.w, kf[3], x);
+            x = fmaf(q1.x, kf[4], x);
+            x = fmaf(q1.y, kf[5], x);
+            x = fmaf(q1.z, kf[6], x);
+            x = fmaf(q1.w, kf[7], x);
+            s[u][g] = x;
+        }
+    }
+    /* complete the dot products over the LPK lanes of the key row; every lane
+     * of the group ends with the same (bitwise) sums */
+#pragma unroll
+    for (int o = LPK / 2; o > 0; o >>= 1)
+#pragma unroll
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int g = 0; g < G; g++) s[u][g] += __shfl_xor_sync(0xffffffffu, s[u][g], o);
+#pragma unroll
+    for (int u = 0; u < U; u++)
+        if (tile * (U * KPI) + u * KPI + kq >= nk)
+#pragma unroll
+            for (int g = 0; g < G; g++) s[u][g] = -INFINITY;
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+        float mn = m[g];
+#pragma unroll
+        for (int u = 0; u < U; u++) mn = fmaxf(mn, s[u][g]);
+        /* mn == -inf only while the stream has seen no key: then corr and all
+         * p are exp(-inf) = 0 instead of NaN */
+        const float mref = mn == -INFINITY ? 0.0f : mn;
+        const float corr = expf(m[g] - mref);
+        m[g] = mn;
+        float ls = 0.0f;
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            s[u][g] = expf(s[u][g] - mref);
+            ls += s[u][g];
+        }
+        l[g] = fmaf(l[g], corr, ls);
+#pragma unroll
+        for (int e = 0; e < 8; e++) acc[g][e] *= corr;
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        float vf[8];
+        bf8_to_f(b.v[u], vf);
+#pragma unroll
+        for (int g = 0; g < G; g++)
+#pragma unroll
+            for (int e = 0; e < 8; e++) acc[g][e] = fmaf(s[u][g], vf[e], acc[g][e]);
+    }
+}
+
 template <int HD, int G>
-__global__ void __launch_bounds__(ATTN_THREADS) gqa_attn_kernel(kc_gqa_args a, float *opart, float *ml,
+__global__ void __launch_bounds__(ATTN_THREADS, G >= 8 ? 2 : 3) gqa_attn_kernel(kc_gqa_args a, float *opart, float *ml,
                                                                 int nsplit_max, int split)
 {
-    constexpr int EPL = HD >= 32 ? HD / 32 : 1;  /* key elements per lane in the score loop */
-    constexpr int NP = HD / 2, NG = ATTN_THREADS / NP; /* value loop: dim pairs x key groups */
-    __shared__ float qs[G][HD];
-    __shared__ float sc[G][ATTN_MAX_SPLIT];
-    __shared__ float accs[NG][G][HD];
+    constexpr int LPK = HD / 8;                  /* lanes per key row */
+    constexpr int KPI = 32 / LPK;                /* keys per warp load instruction */
+    constexpr int TKW = G >= 8 ? 4 : 8;          /* wanted keys per warp tile (register budget) */
+    constexpr int U = KPI >= TKW ? 1 : TKW / KPI; /* load instructions per tile (K and V each) */
+    constexpr int TK = U * KPI;                  /* keys per warp tile */
+    static_assert(HD % 16 == 0 && HD >= 16 && HD <= 128, "head dim");
+    __shared__ long long koff[ATTN_MAX_SPLIT];   /* element offset of each key's K row */
+    __shared__ __align__(16) float qsh[G][HD];   /* the G queries, pre-scaled */
+    __shared__ float sm_m[ATTN_NW][G], sm_l[ATTN_NW][G];
+    __shared__ __align__(16) float sm_acc[ATTN_NW][G][HD];
+    KC_PDL_WAIT();
+    KC_PDL_TRIGGER();
     const int t = blockIdx.x, kvh = blockIdx.y, sp = blockIdx.z;
     const int slot = a.tok_slot[t];
     if (slot < 0) return;
     const int n_ctx = a.tok_pos[t] + 1, start = sp * split;
-    if (start >= n_ctx) return;
-    const int end = min(start + split, n_ctx), nk = end - start;
+    if (start >= n_ctx) return; /* the combine reads only splits with start < n_ctx */
+    const int nk = min(split, n_ctx - start);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, sub = lane % LPK, kq = lane / LPK;
+
+    for (int i = threadIdx.x; i < nk; i += ATTN_THREADS) {
+        const int pos = start + i;
+        const long long b = a.block_table[(size_t)slot * a.max_blocks + pos / a.blk];
+        koff[i] = b * (long long)a.block_stride + (long long)a.layer_off +
+                  ((long long)kvh * a.blk + pos % a.blk) * HD;
+    }
     const float scale = 1.0f / sqrtf((float)HD);
     for (int i = threadIdx.x; i < G * HD; i += ATTN_THREADS)
-        qs[i / HD][i % HD] = a.q[((size_t)t * a.Hq + kvh * G + i / HD) * HD + i % HD] * scale;
-    __syncthreads();
-
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const bool lane_on = lane * EPL < HD;
-    constexpr int NW = ATTN_THREADS / 32, U = 4; /* U keys per warp in flight */
-    for (int j0 = start + warp; j0 < end; j0 += NW * U) {
-        float kf[U][EPL];
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int j = j0 + u * NW;
-            if (lane_on && j < end) {
-                const bf16 *kp = kv_ptr(a, slot, j, kvh, 0) + lane * EPL;
-                if (EPL == 4) {
-                    const uint2 raw = *(const uint2 *)kp;
-                    const float2 x0 = __bfloat1622float2(*(const __nv_bfloat162 *)&raw.x);
-                    const float2 x1 = __bfloat1622float2(*(const __nv_bfloat162 *)&raw.y);
-                    kf[u][0] = x0.x;
-                    kf[u][1] = x0.y;
-                    kf[u][2 % EPL] = x1.x;
-                    kf[u][3 % EPL] = x1.y;
-                } else {
-#pragma unroll
-                    for (int e = 0; e < EPL; e++) kf[u][e] = bf2f(kp[e]);
-                }
-            } else {
-#pragma unroll
-                for (int e = 0; e < EPL; e++) kf[u][e] = 0.0f;
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int j = j0 + u * NW;
-#pragma unroll
-            for (int g = 0; g < G; g++) {
-                float s = 0.0f;
-                if (lane_on) {
-#pragma unroll
-                    for (int e = 0; e < EPL; e++) s += kf[u][e] * qs[g][lane * EPL + e];
-                }
-                s = warp_sum(s);
-                if (lane == 0 && j < end) sc[g][j - start] = s;
-            }
-        }
-    }
-    __syncthreads();
-    for (int g = warp; g < G; g += ATTN_THREADS / 32) {
-        float m = -INFINITY;
-        for (int i = lane; i < nk; i += 32) m = fmaxf(m, sc[g][i]);
-        m = warp_max(m);
-        float l = 0.0f;
-        for (int i = lane; i < nk; i += 32) {
-            const float p = expf(sc[g][i] - m);
-            sc[g][i] = p;
-            l += p;
-        }
-        l = warp_sum(l);
-        if (lane == 0) {
-            float *o = ml + (((size_t)t * a.Hq + kvh * G + g) * nsplit_max + sp) * 2;
-            o[0] = m;
-            o[1] = l;
-        }
-    }
-    __syncthreads();
-    const int pair = threadIdx.x % NP, kg = threadIdx.x / NP;
-    float acc[G][2];
-#pragma unroll
-    for (int g = 0; g < G; g++) acc[g][0] = acc[g][1] = 0.0f;
-#pragma unroll 4
-    for (int j = start + kg; j < end; j += NG) {
-        const float2 v = __bfloat1622float2(*(const __nv_bfloat162 *)(kv_ptr(a, slot, j, kvh, 1) + 2 * pair));
-#pragma unroll
-        for (int g = 0; g < G; g++) {
-            const float p = sc[g][j - start];
-            acc[g][0] += p * v.x;
-            acc[g][1] += p * v.y;
-        }
-    }
+        qsh[i / HD][i % HD] = a.q[((size_t)t * a.Hq + kvh * G + i / HD) * HD + i % HD] * scale;
+    float m[G], l[G], acc[G][8];
 #pragma unroll
     for (int g = 0; g < G; g++) {
-        accs[kg][g][2 * pair] = acc[g][0];
-        accs[kg][g][2 * pair + 1] = acc[g][1];
+        m[g] = -INFINITY;
+        l[g] = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 8; e++) acc[g][e] = 0.0f;
+    }
+    __syncthreads(); /* koff, qsh */
+    const float4 *qs = (const float4 *)&qsh[0][sub * 8];
+
+    const bf16 *kvb = (const bf16 *)a.kv;
+    const size_t voff = (size_t)a.Hkv * a.blk * HD; /* V rows follow the K rows of the layer's block */
+    const int ntiles = (nk + TK - 1) / TK;
+    attn_tile<U> b0, b1;
+    if (warp < ntiles) attn_load<HD, U, KPI>(b0, kvb, koff, voff, warp, nk, kq, sub);
+    for (int tile = warp; tile < ntiles; tile += 2 * ATTN_NW) {
+        const int t1 = tile + ATTN_NW, t2 = tile + 2 * ATTN_NW;
+        if (t1 < ntiles) attn_load<HD, U, KPI>(b1, kvb, koff, voff, t1, nk, kq, sub);
+        attn_compute<HD, G, U, KPI>(b0, qs, m, l, acc, tile, nk, kq);
+        if (t1 >= ntiles) break;
+        if (t2 < ntiles) attn_load<HD, U, KPI>(b0, kvb, koff, voff, t2, nk, kq, sub);
+        attn_compute<HD, G, U, KPI>(b1, qs, m, l, acc, t1, nk, kq);
+    }
+
+    /* merge the KPI streams of the warp (lanes sub, sub + LPK, ...) */
+#pragma unroll
+    for (int o = LPK; o < 32; o <<= 1) {
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+            const float mo = __shfl_xor_sync(0xffffffffu, m[g], o);
+            const float lo = __shfl_xor_sync(0xffffffffu, l[g], o);
+            const float mn = fmaxf(m[g], mo), mref = mn == -INFINITY ? 0.0f : mn;
+            const float c0 = expf(m[g] - mref), c1 = expf(mo - mref);
+            m[g] = mn;
+            l[g] = l[g] * c0 + lo * c1;
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                const float ao = __shfl_xor_sync(0xffffffffu, acc[g][e], o);
+                acc[g][e] = acc[g][e] * c0 + ao * c1;
+            }
+        }
+    }
+    if (kq == 0) {
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+            float4 *d = (float4 *)&sm_acc[warp][g][sub * 8];
+            d[0] = make_float4(acc[g][0], acc[g][1], acc[g][2], acc[g][3]);
+            d[1] = make_float4(acc[g][4], acc[g][5], acc[g][6], acc[g][7]);
+            if (lane == 0) sm_m[warp][g] = m[g], sm_l[warp][g] = l[g];
+        }
     }
     __syncthreads();
+    /* merge the warps; nk >= 1, so the block max is finite */
     for (int i = threadIdx.x; i < G * HD; i += ATTN_THREADS) {
         const int g = i / HD, d = i % HD;
-        float s = 0.0f;
+        float M = -INFINITY;
 #pragma unroll
-        for (int k = 0; k < NG; k++) s += accs[k][g][d];
-        opart[(((size_t)t * a.Hq + kvh * G + g) * nsplit_max + sp) * HD + d] = s;
+        for (int w = 0; w < ATTN_NW; w++) M = fmaxf(M, sm_m[w][g]);
+        float o = 0.0f, L = 0.0f;
+#pragma unroll
+        for (int w = 0; w < ATTN_NW; w++) {
+            const float c = expf(sm_m[w][g] - M);
+            o += c * sm_acc[w][g][d];
+            L += c * sm_l[w][g];
+        }
+        const size_t row = ((size_t)t * a.Hq + kvh * G + g) * nsplit_max + sp;
+        opart[row * HD + d] = o;
+        if (d == 0) {
+            ml[row * 2] = M;
+            ml[row * 2 + 1] = L;
+        }
     }
 }
 
@@ -177,6 +317,8 @@ __global__ void __launch_bounds__(ATTN_THREADS) gqa_attn_kernel(kc_gqa_args a, f
 __global__ void gqa_combine_kernel(kc_gqa_args a, const float *opart, const float *ml, int nsplit_max, int split,
                                    bf16 *out, int ldo)
 {
+    KC_PDL_WAIT();
+    KC_PDL_TRIGGER();
     const int t = blockIdx.x, h = blockIdx.y, d = threadIdx.x, hd = a.hd;
     if (a.tok_slot[t] < 0 || d >= hd) return;
     const int ns = (a.tok_pos[t] + 1 + split - 1) / split;
@@ -197,16 +339,16 @@ __global__ void gqa_combine_kernel(kc_gqa_args a, const float *opart, const floa
 template <int HD>
 static int attn_launch_g(const kc_gqa_args *a, float *opart, float *ml, int nsplit_max, int split, cudaStream_t s)
 {
-    const int G = a->Hq / a->Hkv;
-    dim3 grid(a->T, a->Hkv, nsplit_max);
-    switch (G) {
-    case 1: gqa_attn_kernel<HD, 1><<<grid, ATTN_THREADS, 0, s>>>(*a, opart, ml, nsplit_max, split); break;
-    case 2: gqa_attn_kernel<HD, 2><<<grid, ATTN_THREADS, 0, s>>>(*a, opart, ml, nsplit_max, split); break;
-    case 4: gqa_attn_kernel<HD, 4><<<grid, ATTN_THREADS, 0, s>>>(*a, opart, ml, nsplit_max, split); break;
-    case 8: gqa_attn_kernel<HD, 8><<<grid, ATTN_THREADS, 0, s>>>(*a, opart, ml, nsplit_max, split); break;
+    const dim3 grid(a->T, a->Hkv, nsplit_max), block(ATTN_THREADS);
+    cudaError_t e;
+    switch (a->Hq / a->Hkv) {
+    case 1: e = kc_launch(gqa_attn_kernel<HD, 1>, grid, block, 0, s, *a, opart, ml, nsplit_max, split); break;
+    case 2: e = kc_launch(gqa_attn_kernel<HD, 2>, grid, block, 0, s, *a, opart, ml, nsplit_max, split); break;
+    case 4: e = kc_launch(gqa_attn_kernel<HD, 4>, grid, block, 0, s, *a, opart, ml, nsplit_max, split); break;
+    case 8: e = kc_launch(gqa_attn_kernel<HD, 8>, grid, block, 0, s, *a, opart, ml, nsplit_max, split); break;
     default: return -5;
     }
-    return 0;
+    return gqa_launch_rc(e, "gqa attention", __LINE__);
 }
 
 int kc_gqa_attn(const kc_gqa_args *a, float *opart, float *ml, int nsplit_max, int split, uint16_t *out, int ldo,
@@ -223,9 +365,7 @@ int kc_gqa_attn(const kc_gqa_args *a, float *opart, float *ml, int nsplit_max, i
     default: return -5;
     }
     if (rc) return rc;
-    KC_LAUNCH_CHECK();
-    gqa_combine_kernel<<<dim3(a->T, a->Hq), (a->hd + 31) / 32 * 32, 0, s>>>(*a, opart, ml, nsplit_max, split,
-                                                                          (bf16 *)out, ldo);
-    KC_LAUNCH_CHECK();
-    return 0;
+    const cudaError_t e = kc_launch(gqa_combine_kernel, dim3(a->T, a->Hq), dim3((a->hd + 31) / 32 * 32), 0, s, *a,
+                                    (const float *)opart, (const float *)ml, nsplit_max, split, (bf16 *)out, ldo);
+    return gqa_launch_rc(e, "gqa combine", __LINE__);
 }

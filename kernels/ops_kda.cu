@@ -14,6 +14,11 @@
 #include "cuda_common.cuh"
 #include "cuda_ops.h"
 
+#include <cooperative_groups.h>
+#include <stdlib.h>
+#include <string.h>
+namespace cg = cooperative_groups;
+
 #define KDA_MAX_V 128
 #define KDA_MAX_R 256
 
@@ -23,6 +28,8 @@ __global__ void __launch_bounds__(256, 2) kda_step_kernel(kc_kda_args a)
     /* K = 128 splits each column over two adjacent threads (64 rows each) to
      * keep the state in registers without spilling. */
     constexpr int SP = K >= 128 ? 2 : 1, KP = K / SP;
+    KC_PDL_WAIT();
+    KC_PDL_TRIGGER();
     const int item = blockIdx.x, h = blockIdx.y, j = threadIdx.x;
     const int slot = a.item_slot[item];
     if (slot < 0) return;
@@ -162,6 +169,183 @@ __global__ void __launch_bounds__(256, 2) kda_step_kernel(kc_kda_args a)
     }
 }
 
+/* ---- column-tiled step (K in {32, 64, 128}, V % 32 == 0, lowrank scratch) ----
+ *
+ * The state traffic is the whole cost of this kernel at batch >= 16, so the
+ * layout is chosen for memory-level parallelism: a block owns 32 value
+ * columns of one (item, head) (a K x 32 fp32 tile, 16 KiB for K = 128), and
+ * the V/32 blocks of a head form a thread-block cluster. Each of the 256
+ * threads holds K/32 float4 of the tile (rows rsub + 4*warp + 32*t, columns
+ * 4*(lane%8)..+3): one 16-byte load and store per element group, ~64
+ * registers, 4 blocks per SM, and the loads are issued before the prologue
+ * (conv, norms, gate) so they are in flight while it runs.
+ * Per token: p = S^T k over the tile (after the decay), reduced across the
+ * 8 warps in shared memory; u = beta (v - p); S += k u^T; o = S^T q reduced
+ * the same way. The gated output RMSNorm needs sum(o^2) over all V columns:
+ * each block publishes its partial in shared memory and reads the others'
+ * through distributed shared memory after one cluster barrier.
+ * q/k (and their conv tails) are computed by every block of the cluster
+ * (128 channels, cheap); block 0 writes the q/k tails back, each block the
+ * tails of its own v channels. */
+#define KT_COLS 32
+template <int K>
+__global__ void __launch_bounds__(256, 4) kda_step_tile_kernel(kc_kda_args a)
+{
+    constexpr int NR = K / 32; /* float4 row groups per thread */
+    KC_PDL_WAIT();
+    KC_PDL_TRIGGER();
+    cg::cluster_group cl = cg::this_cluster();
+    const int NT = a.V / KT_COLS;
+    const int item = blockIdx.x / NT, ct = blockIdx.x % NT, h = blockIdx.y;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, cgp = lane & 7, rsub = lane >> 3;
+    const int slot = a.item_slot[item];
+    if (slot < 0) return; /* the whole cluster has the same item: no barrier is left waiting */
+    const int row0 = a.item_row0[item], nt = a.item_ntok[item];
+    const int H = a.H, V = a.V, P = a.taps - 1;
+    const int HK = H * K, HV = H * V, C = 2 * HK + HV, LR = HK + HV;
+    __shared__ float q_s[K], k_s[K], eg_s[K], v_s[KT_COLS], G_s[KT_COLS];
+    __shared__ float red_p[8][KT_COLS], red_o[8][KT_COLS], red2[8][2];
+    __shared__ float part_s[2];
+
+    float *Sg = a.state + (size_t)slot * a.slot_stride + (size_t)h * K * V + ct * KT_COLS + cgp * 4;
+    float *tail = a.state + (size_t)slot * a.slot_stride + (size_t)H * K * V; /* [P, C] */
+    float4 S[NR];
+#pragma unroll
+    for (int t = 0; t < NR; t++) S[t] = *(const float4 *)(Sg + (size_t)(rsub + 4 * warp + 32 * t) * V);
+
+    /* channel roles: tid < K: q/k channel tid (conv taps/tail in w1/t1 = q,
+     * w2/t2 = k); 128 <= tid < 160: v channel vt of this tile (w1/t1) */
+    const bool kch = tid < K;
+    const int vt = tid - 128;
+    const bool vch = vt >= 0 && vt < KT_COLS;
+    const int c1 = kch ? h * K + tid : 2 * HK + h * V + ct * KT_COLS + vt, c2 = HK + h * K + tid;
+    float t1[3] = {0, 0, 0}, t2[3] = {0, 0, 0}, w1[4] = {0, 0, 0, 0}, w2[4] = {0, 0, 0, 0};
+    const int sh = 3 - P;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        if (i >= sh && (kch || vch)) {
+            const int m = i - sh;
+            w1[i] = a.convw[(size_t)c1 * a.taps + m];
+            if (i < 3) t1[i] = tail[(size_t)m * C + c1];
+            if (kch) {
+                w2[i] = a.convw[(size_t)c2 * a.taps + m];
+                if (i < 3) t2[i] = tail[(size_t)m * C + c2];
+            }
+        }
+    }
+    const float a_h = -expf(a.A_log[h]);
+    const float qscale = 1.0f / sqrtf((float)K);
+    const float dtb = kch ? a.dt_bias[c1] : 0.0f;
+    const float gb = vch && a.g_bias ? a.g_bias[h * V + ct * KT_COLS + vt] : 0.0f;
+    const float onw = tid < KT_COLS ? a.onorm[ct * KT_COLS + tid] : 0.0f;
+
+    for (int i = 0; i < nt; i++) {
+        const size_t row = (size_t)(row0 + i);
+        const float *pr = a.proj + row * a.ldp;
+        const float *lr = a.lowrank + row * LR;
+        float qv = 0.0f, kv = 0.0f;
+        if (kch || vch) {
+            const float x1 = pr[c1];
+            const float s1 = ((w1[0] * t1[0] + w1[1] * t1[1]) + w1[2] * t1[2]) + w1[3] * x1;
+            t1[0] = t1[1]; t1[1] = t1[2]; t1[2] = x1;
+            if (kch) {
+                const float x2 = pr[c2];
+                const float s2 = ((w2[0] * t2[0] + w2[1] * t2[1]) + w2[2] * t2[2]) + w2[3] * x2;
+                t2[0] = t2[1]; t2[1] = t2[2]; t2[2] = x2;
+                qv = siluf_(s1);
+                kv = siluf_(s2);
+                eg_s[tid] = expf(a_h * softplusf_(lr[c1] + dtb));
+            } else {
+                v_s[vt] = siluf_(s1);
+                G_s[vt] = lr[HK + h * V + ct * KT_COLS + vt] + gb;
+            }
+        }
+        const float beta = sigmoidf_(pr[a.off_beta + h]);
+        /* ||q||^2 and ||k||^2 in one block reduction */
+        float sq2 = warp_sum(qv * qv), sk2 = warp_sum(kv * kv);
+        if (lane == 0) red2[warp][0] = sq2, red2[warp][1] = sk2;
+        __syncthreads();
+        if (kch) {
+            float ssq = 0.0f, ssk = 0.0f;
+#pragma unroll
+            for (int w = 0; w < 8; w++) ssq += red2[w][0], ssk += red2[w][1];
+            q_s[tid] = qv * (1.0f / sqrtf(ssq + 1e-6f)) * qscale;
+            k_s[tid] = kv * (1.0f / sqrtf(ssk + 1e-6f));
+        }
+        __syncthreads();
+        /* decay, then p = S^T k for this thread's 4 columns over its rows */
+        float p0 = 0.0f, p1 = 0.0f, p2 = 0.0f, p3 = 0.0f;
+#pragma unroll
+        for (int t = 0; t < NR; t++) {
+            const int r = rsub + 4 * warp + 32 * t;
+            const float e = eg_s[r], kk = k_s[r];
+            S[t].x *= e; S[t].y *= e; S[t].z *= e; S[t].w *= e;
+            p0 += S[t].x * kk; p1 += S[t].y * kk; p2 += S[t].z * kk; p3 += S[t].w * kk;
+        }
+#pragma unroll
+        for (int o = 8; o < 32; o <<= 1) {
+            p0 += __shfl_xor_sync(0xffffffffu, p0, o);
+            p1 += __shfl_xor_sync(0xffffffffu, p1, o);
+            p2 += __shfl_xor_sync(0xffffffffu, p2, o);
+            p3 += __shfl_xor_sync(0xffffffffu, p3, o);
+        }
+        if (rsub == 0) *(float4 *)&red_p[warp][cgp * 4] = make_float4(p0, p1, p2, p3);
+        __syncthreads();
+        float4 u = make_float4(0, 0, 0, 0);
+#pragma unroll
+        for (int w = 0; w < 8; w++) {
+            const float4 r = *(const float4 *)&red_p[w][cgp * 4];
+            u.x += r.x; u.y += r.y; u.z += r.z; u.w += r.w;
+        }
+        const float4 vv = *(const float4 *)&v_s[cgp * 4];
+        u.x = beta * (vv.x - u.x); u.y = beta * (vv.y - u.y);
+        u.z = beta * (vv.z - u.z); u.w = beta * (vv.w - u.w);
+        float o0 = 0.0f, o1 = 0.0f, o2 = 0.0f, o3 = 0.0f;
+#pragma unroll
+        for (int t = 0; t < NR; t++) {
+            const int r = rsub + 4 * warp + 32 * t;
+            const float kk = k_s[r], qq = q_s[r];
+            S[t].x += kk * u.x; S[t].y += kk * u.y; S[t].z += kk * u.z; S[t].w += kk * u.w;
+            o0 += S[t].x * qq; o1 += S[t].y * qq; o2 += S[t].z * qq; o3 += S[t].w * qq;
+        }
+#pragma unroll
+        for (int o = 8; o < 32; o <<= 1) {
+            o0 += __shfl_xor_sync(0xffffffffu, o0, o);
+            o1 += __shfl_xor_sync(0xffffffffu, o1, o);
+            o2 += __shfl_xor_sync(0xffffffffu, o2, o);
+            o3 += __shfl_xor_sync(0xffffffffu, o3, o);
+        }
+        if (rsub == 0) *(float4 *)&red_o[warp][cgp * 4] = make_float4(o0, o1, o2, o3);
+        __syncthreads();
+        float oj = 0.0f, gate = 0.0f;
+        if (tid < KT_COLS) {
+#pragma unroll
+            for (int w = 0; w < 8; w++) oj += red_o[w][tid];
+            gate = sigmoidf_(G_s[tid]);
+            const float ss = warp_sum(oj * oj);
+            if (tid == 0) part_s[i & 1] = ss;
+        }
+        cl.sync(); /* partials of all V/32 blocks published; also orders this token's smem reads */
+        if (tid < KT_COLS) {
+            float sso = 0.0f;
+            for (int r = 0; r < NT; r++) sso += cl.map_shared_rank(part_s, r)[i & 1];
+            const float rn = 1.0f / sqrtf(sso / V + a.eps);
+            ((bf16 *)a.y)[row * a.ldy + h * V + ct * KT_COLS + tid] = f2bf(oj * rn * onw * gate);
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < NR; t++) *(float4 *)(Sg + (size_t)(rsub + 4 * warp + 32 * t) * V) = S[t];
+#pragma unroll
+    for (int i = 0; i < 3; i++) {
+        if (i >= sh) {
+            const int m = i - sh;
+            if ((kch && ct == 0) || vch) tail[(size_t)m * C + c1] = t1[i];
+            if (kch && ct == 0) tail[(size_t)m * C + c2] = t2[i];
+        }
+    }
+    cl.sync(); /* no block leaves while another may still read its part_s */
+}
+
 /* graw = F1 f0 and G = G1 g0 for all rows before the step kernel, so the
  * step kernel's critical path is the state alone. 8 rows per block share
  * each weight load; out [T, HK + HV] (graw | G). */
@@ -169,6 +353,8 @@ __global__ void __launch_bounds__(256, 2) kda_step_kernel(kc_kda_args a)
 __global__ void __launch_bounds__(256) kda_lowrank_kernel(kc_kda_args a, int T, int K)
 {
     __shared__ float xs[LR_ROWS][2 * KDA_MAX_R];
+    KC_PDL_WAIT();
+    KC_PDL_TRIGGER();
     const int HK = a.H * K, HV = a.H * a.V, R = a.R, t0 = blockIdx.x * LR_ROWS;
     for (int i = threadIdx.x; i < LR_ROWS * 2 * R; i += blockDim.x) {
         const int rr = i / (2 * R), r = i % (2 * R), t = t0 + rr;
@@ -193,6 +379,12 @@ __global__ void __launch_bounds__(256) kda_lowrank_kernel(kc_kda_args a, int T, 
         if (t0 + i < T) a.lowrank[(size_t)(t0 + i) * (HK + HV) + c] = acc[i];
 }
 
+static bool getenv_flag(const char *name)
+{
+    const char *v = getenv(name);
+    return v && *v && strcmp(v, "0") != 0;
+}
+
 int kc_kda_step(const kc_kda_args *a, cudaStream_t s)
 {
     if (a->n_items <= 0) return 0;
@@ -202,17 +394,54 @@ int kc_kda_step(const kc_kda_args *a, cudaStream_t s)
     threads = (threads + 31) / 32 * 32;
     if (a->lowrank) {
         const int T = a->lowrank_rows, cols = a->H * (a->K + a->V);
-        kda_lowrank_kernel<<<dim3((T + LR_ROWS - 1) / LR_ROWS, (cols + 255) / 256), 256, 0, s>>>(*a, T, a->K);
-        KC_LAUNCH_CHECK();
+        cudaError_t e = kc_launch(kda_lowrank_kernel, dim3((T + LR_ROWS - 1) / LR_ROWS, (cols + 255) / 256), dim3(256),
+                                  0, s, *a, T, a->K);
+        if (e != cudaSuccess) {
+            fprintf(stderr, "%s:%d: kda lowrank launch failed: %s\n", __FILE__, __LINE__, cudaGetErrorString(e));
+            return -7;
+        }
+    }
+    const int NT = a->V / KT_COLS;
+    const bool tiled = a->lowrank && a->V % KT_COLS == 0 && NT <= 8 && (a->K == 32 || a->K == 64 || a->K == 128) &&
+                       a->slot_stride % 4 == 0 && ((uintptr_t)a->state & 15) == 0 && !getenv_flag("KDA_KDA_V1");
+    if (tiled) {
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(a->n_items * NT, a->H);
+        cfg.blockDim = dim3(256);
+        cfg.stream = s;
+        cudaLaunchAttribute at[2];
+        at[0].id = cudaLaunchAttributeClusterDimension;
+        at[0].val.clusterDim.x = NT;
+        at[0].val.clusterDim.y = 1;
+        at[0].val.clusterDim.z = 1;
+        at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[1].val.programmaticStreamSerializationAllowed = 1;
+        cfg.attrs = at;
+        cfg.numAttrs = kc_pdl_on ? 2 : 1;
+        cudaError_t e;
+        switch (a->K) {
+        case 32: e = cudaLaunchKernelEx(&cfg, kda_step_tile_kernel<32>, *a); break;
+        case 64: e = cudaLaunchKernelEx(&cfg, kda_step_tile_kernel<64>, *a); break;
+        default: e = cudaLaunchKernelEx(&cfg, kda_step_tile_kernel<128>, *a); break;
+        }
+        if (e != cudaSuccess) {
+            fprintf(stderr, "%s:%d: kda tile kernel launch failed: %s\n", __FILE__, __LINE__, cudaGetErrorString(e));
+            return -7;
+        }
+        return 0;
     }
     dim3 grid(a->n_items, a->H);
+    cudaError_t e;
     switch (a->K) {
-    case 16: kda_step_kernel<16><<<grid, threads, 0, s>>>(*a); break;
-    case 32: kda_step_kernel<32><<<grid, threads, 0, s>>>(*a); break;
-    case 64: kda_step_kernel<64><<<grid, threads, 0, s>>>(*a); break;
-    case 128: kda_step_kernel<128><<<grid, threads, 0, s>>>(*a); break;
+    case 16: e = kc_launch(kda_step_kernel<16>, grid, dim3(threads), 0, s, *a); break;
+    case 32: e = kc_launch(kda_step_kernel<32>, grid, dim3(threads), 0, s, *a); break;
+    case 64: e = kc_launch(kda_step_kernel<64>, grid, dim3(threads), 0, s, *a); break;
+    case 128: e = kc_launch(kda_step_kernel<128>, grid, dim3(threads), 0, s, *a); break;
     default: return -5;
     }
-    KC_LAUNCH_CHECK();
+    if (e != cudaSuccess) {
+        fprintf(stderr, "%s:%d: kda step launch failed: %s\n", __FILE__, __LINE__, cudaGetErrorString(e));
+        return -7;
+    }
     return 0;
 }

@@ -10,6 +10,20 @@
 #include "cuda_common.cuh"
 #include "cuda_ops.h"
 
+/* kc_launch() (PDL attribute when kc_pdl_on); a failed launch prints and
+ * returns -7 like KC_LAUNCH_CHECK. The kernel waits on the previous one
+ * (KC_PDL_WAIT) before reading anything. */
+#define KC_LAUNCH(...)                                                                             \
+    do {                                                                                           \
+        cudaError_t e_ = kc_launch(__VA_ARGS__);                                                   \
+        if (e_ != cudaSuccess) {                                                                   \
+            (void)cudaGetLastError();                                                              \
+            fprintf(stderr, "%s:%d: kernel launch failed: %s\n", __FILE__, __LINE__,              \
+                    cudaGetErrorString(e_));                                                       \
+            return -7;                                                                             \
+        }                                                                                          \
+    } while (0)
+
 #define SAMPLE_THREADS 1024
 #define SAMPLE_MAX_TOP 64
 
@@ -87,6 +101,8 @@ sample_kernel(const kc_sample_param *P, const float *logits, int vocab, const fl
     __shared__ uint64_t key_sh;
     __shared__ int tok_sh;
 
+    KC_PDL_WAIT();
+    KC_PDL_TRIGGER();
     const kc_sample_param pr = P[blockIdx.x];
     const float *x = logits + (size_t)pr.row * vocab;
     const float row_lse = lse[pr.row];
@@ -227,8 +243,7 @@ int kc_sample(const kc_sample_param *p, int n, const float *logits, int vocab, c
             return -5; /* vocab too large for one block's shared memory */
         attr = smem;
     }
-    sample_kernel<<<n, SAMPLE_THREADS, smem, s>>>(p, logits, vocab, lse, hist, counts, tok, lp, top_ids, top_lps,
-                                                  max_top);
-    KC_LAUNCH_CHECK();
+    KC_LAUNCH(sample_kernel, dim3(n), dim3(SAMPLE_THREADS), smem, s, p, logits, vocab, lse, hist, counts, tok, lp,
+              top_ids, top_lps, max_top);
     return 0;
 }

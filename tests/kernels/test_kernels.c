@@ -58,8 +58,9 @@ static void test_gemv_and_gemm_match_reference(void **st)
     (void)st;
     cublasHandle_t h;
     assert_int_equal(cublasCreate(&h), CUBLAS_STATUS_SUCCESS);
-    const int shapes[][2] = {{37, 64}, {2072, 2048}, {130, 8064}};
-    for (int s = 0; s < 3; s++) {
+    /* split-K factors of the GEMV: 1/2/8 for these three, 4 for 1030 x 8064 */
+    const int shapes[][2] = {{37, 64}, {2072, 2048}, {130, 8064}, {1030, 8064}};
+    for (int s = 0; s < 4; s++) {
         const int N = shapes[s][0], K = shapes[s][1];
         float *W = malloc((size_t)2 * N * K * 4);
         kt_fill(W, (size_t)2 * N * K, 1.0f / sqrtf((float)K));
@@ -168,7 +169,10 @@ static void run_kda_case(int H, int K, int taps, const int *ntok, const int *slo
     int T = 0, row0[16];
     for (int i = 0; i < n_items; i++) row0[i] = T, T += ntok[i];
     const int n_slots = 4;
-    const size_t layer_floats = (size_t)H * K * V + (size_t)P * C, slot_stride = layer_floats + 5;
+    /* the slot stride is a multiple of 4 floats, as in the backend (the tiled
+     * kernel moves the state in 16-byte units); 5+ floats of padding beyond
+     * the layer check that nothing is written past it */
+    const size_t layer_floats = (size_t)H * K * V + (size_t)P * C, slot_stride = (layer_floats + 5 + 3) & ~(size_t)3;
     float *proj = malloc((size_t)T * ldp * 4);
     kt_fill(proj, (size_t)T * ldp, 1.0f);
     float *convw = malloc((size_t)C * taps * 4), *f1 = malloc((size_t)HK * R * 4), *g1 = malloc((size_t)HV * R * 4);
@@ -487,6 +491,9 @@ static void test_sampler_matches_cpu_sampler(void **st)
 int main(void)
 {
     kt_skip_without_gpu();
+    /* as the backend runs them: programmatic dependent launch on (KDA_PDL=0: off) */
+    const char *pdl = getenv("KDA_PDL");
+    kc_set_pdl(!(pdl && !strcmp(pdl, "0")));
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_embed_gathers_rows_and_zeroes_padding),
         cmocka_unit_test(test_rmsnorm_matches_reference),

@@ -1,0 +1,80 @@
+/*
+ * cuda_gemm.h - cuBLASLt GEMM with per-shape autotuning (kc_gemm_lt_ prefix).
+ *
+ * Same semantics as kc_gemm (cuda_ops.h):
+ *   y[T, N] (fp32, row stride ldy) = beta * y + x[T, K] (bf16, row stride ldx) @ W[N, K]^T (bf16, ld K)
+ * fp32 accumulate, beta 0 or 1. Column-major view as in kc_gemm:
+ *   Y^T [N, T] = op_T(W) [N, K] x X^T [K, T].
+ *
+ * Use: kc_gemm_lt_tune() every (T, N, K, ldx, ldy, beta) the forward pass will
+ * call, at init (NOT during stream capture); then kc_gemm_lt_run() in the
+ * forward pass, falling back to kc_gemm when it returns > 0.
+ * Thread-compatible (one engine thread per object). Every pointer is device
+ * memory; bf16 travels as uint16_t.
+ *
+ * Env: KDA_GEMM_VERBOSE=1 prints one line per tuned shape (stderr).
+ *      KDA_GEMM_TUNE_FLUSH=0 times without flushing L2 between repetitions.
+ *      KDA_GEMM_SPLITK=0 times only the heuristic's own candidates (no extra
+ *      split-K variants).
+ */
+#ifndef KDA_CUDA_GEMM_H
+#define KDA_CUDA_GEMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* opaque: cublasLt handle + tuned-plan cache (fixed array, linear lookup) */
+typedef struct kc_gemm_lt kc_gemm_lt;
+
+/* workspace: device memory owned by the caller, >= workspace_bytes, 256-byte
+ * aligned, kept alive until destroy. It may be the cuBLAS handle's workspace
+ * when both libraries only run on one stream (stream order keeps them apart).
+ * Returns NULL on failure. */
+kc_gemm_lt *kc_gemm_lt_create(size_t workspace_bytes, void *workspace);
+void kc_gemm_lt_destroy(kc_gemm_lt *g);
+
+/* Tune (T, N, K, ldx, ldy, beta): times up to 16 cublasLt heuristic candidates
+ * (plus split-K variants of them, see KDA_GEMM_SPLITK) and the plain
+ * cublasGemmEx default (cublas_handle, whose stream it sets to s) on stream s,
+ * L2 flushed before every timed repetition; keeps the fastest in the cache
+ * (replacing an earlier plan for the same key). The winner is checked against
+ * cublasGemmEx on the buffers given; on mismatch the default is kept.
+ * x, W, y: device buffers valid for the shape (scratch is fine; for realistic
+ * timing and a meaningful check fill x with kc_gemm_lt_fill_bf16 first).
+ * CLOBBERS y (every candidate writes it, beta = 1 accumulates many times).
+ * Synchronises s; allocates (an L2-flush buffer, kept until destroy or
+ * kc_gemm_lt_release_scratch). Must NOT be called during stream capture.
+ * Returns 0, -1 (bad arguments or cache full), -7 (CUDA / cuBLAS error). */
+int kc_gemm_lt_tune(kc_gemm_lt *g, void *cublas_handle, float *y, int ldy, const uint16_t *x, int ldx,
+                    const uint16_t *W, int T, int N, int K, float beta, cudaStream_t s);
+
+/* Run: if a cublasLt plan for (T, N, K, ldx, ldy, beta) is cached, one
+ * cublasLtMatmul with it on s (graph-capture safe: no allocation, no sync,
+ * the fixed workspace) and return 0. Return 1 (nothing launched) when no plan
+ * is cached, when tuning found the cublasGemmEx default faster, or when a
+ * pointer is less aligned than the tuned buffers were: the caller then calls
+ * kc_gemm. -7 when cublasLtMatmul fails. T <= 0: 0. */
+int kc_gemm_lt_run(kc_gemm_lt *g, float *y, int ldy, const uint16_t *x, int ldx, const uint16_t *W, int T,
+                   int N, int K, float beta, cudaStream_t s);
+
+/* Number of cached plans that use cublasLt (not the default fallback). */
+int kc_gemm_lt_num_plans(const kc_gemm_lt *g);
+
+/* Free the L2-flush buffer tune allocated (tune allocates it again if needed). */
+void kc_gemm_lt_release_scratch(kc_gemm_lt *g);
+
+/* x[i] = bf16 of a hash-based pseudo-random value in [-1, 1), i < n: test data
+ * for tuning scratch buffers. Returns 0 or -7. */
+int kc_gemm_lt_fill_bf16(uint16_t *x, size_t n, uint32_t seed, cudaStream_t s);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
