@@ -347,36 +347,76 @@ __global__ void __launch_bounds__(256, 4) kda_step_tile_kernel(kc_kda_args a)
 }
 
 /* graw = F1 f0 and G = G1 g0 for all rows before the step kernel, so the
- * step kernel's critical path is the state alone. 8 rows per block share
- * each weight load; out [T, HK + HV] (graw | G). */
-#define LR_ROWS 8
+ * step kernel's critical path is the state alone; out [T, HK + HV] (graw | G).
+ * Block: 256 output columns (8 per lane, one 16-byte load of the transposed
+ * weights per r) x LR_ROWS rows; the 8 warps split the r range and their
+ * partial sums meet in shared memory. Every lane has all its weight loads of a
+ * batch in flight at once: the kernel costs about one memory round trip
+ * (v2's version walked r serially per thread: ~46 us per call at any T). */
+#define LR_ROWS 4
+#define LR_COLS 256
 __global__ void __launch_bounds__(256) kda_lowrank_kernel(kc_kda_args a, int T, int K)
 {
     __shared__ float xs[LR_ROWS][2 * KDA_MAX_R];
+    __shared__ float red[8][LR_ROWS][LR_COLS];
     KC_PDL_WAIT();
     KC_PDL_TRIGGER();
-    const int HK = a.H * K, HV = a.H * a.V, R = a.R, t0 = blockIdx.x * LR_ROWS;
+    const int HK = a.H * K, HV = a.H * a.V, R = a.R, t0 = blockIdx.y * LR_ROWS;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     for (int i = threadIdx.x; i < LR_ROWS * 2 * R; i += blockDim.x) {
         const int rr = i / (2 * R), r = i % (2 * R), t = t0 + rr;
         xs[rr][r] = t < T ? a.proj[(size_t)t * a.ldp + (r < R ? a.off_f0 + r : a.off_g0 + r - R)] : 0.0f;
     }
     __syncthreads();
-    const int c = blockIdx.y * blockDim.x + threadIdx.x;
-    if (c >= HK + HV) return;
-    const bf16 *w = c < HK ? (const bf16 *)a.f1t + c : (const bf16 *)a.g1t + (c - HK);
-    const int ld = c < HK ? HK : HV, xo = c < HK ? 0 : R;
-    float acc[LR_ROWS];
+    const int c0 = blockIdx.x * LR_COLS + lane * 8; /* 8 columns, all in F1 or all in G1 (HK % 8 == 0) */
+    const bool on = c0 < HK + HV;
+    const bool isf = c0 < HK;
+    const bf16 *w = isf ? (const bf16 *)a.f1t + c0 : (const bf16 *)a.g1t + (c0 - HK);
+    const int ld = isf ? HK : HV, xo = isf ? 0 : R;
+    float acc[LR_ROWS][8];
 #pragma unroll
-    for (int i = 0; i < LR_ROWS; i++) acc[i] = 0.0f;
-#pragma unroll 8
-    for (int r = 0; r < R; r++) {
-        const float wv = bf2f(w[(size_t)r * ld]);
+    for (int i = 0; i < LR_ROWS; i++)
 #pragma unroll
-        for (int i = 0; i < LR_ROWS; i++) acc[i] += wv * xs[i][xo + r];
+        for (int e = 0; e < 8; e++) acc[i][e] = 0.0f;
+    if (on) {
+        for (int rb = warp; rb < R; rb += 8 * 8) { /* 8 loads per lane in flight */
+            uint4 raw[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                const int r = rb + 8 * u;
+                raw[u] = r < R ? *(const uint4 *)(w + (size_t)r * ld) : make_uint4(0, 0, 0, 0);
+            }
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                const int r = rb + 8 * u;
+                if (r < R) {
+                    float wf[8];
+                    bf8_to_f(raw[u], wf);
+#pragma unroll
+                    for (int i = 0; i < LR_ROWS; i++) {
+                        const float xv = xs[i][xo + r];
+#pragma unroll
+                        for (int e = 0; e < 8; e++) acc[i][e] += wf[e] * xv;
+                    }
+                }
+            }
+        }
     }
 #pragma unroll
     for (int i = 0; i < LR_ROWS; i++)
-        if (t0 + i < T) a.lowrank[(size_t)(t0 + i) * (HK + HV) + c] = acc[i];
+#pragma unroll
+        for (int e = 0; e < 8; e++) red[warp][i][lane * 8 + e] = acc[i][e];
+    __syncthreads();
+    const int c = blockIdx.x * LR_COLS + threadIdx.x;
+    if (c >= HK + HV) return;
+#pragma unroll
+    for (int i = 0; i < LR_ROWS; i++) {
+        if (t0 + i >= T) break;
+        float sum = 0.0f;
+#pragma unroll
+        for (int w8 = 0; w8 < 8; w8++) sum += red[w8][i][threadIdx.x];
+        a.lowrank[(size_t)(t0 + i) * (HK + HV) + c] = sum;
+    }
 }
 
 static bool getenv_flag(const char *name)
@@ -392,10 +432,11 @@ int kc_kda_step(const kc_kda_args *a, cudaStream_t s)
     const int sp = a->K >= 128 ? 2 : 1;
     int threads = a->V * sp > a->K ? a->V * sp : a->K;
     threads = (threads + 31) / 32 * 32;
+    if (a->lowrank && ((a->H * a->K) % 8 || (a->H * a->V) % 8)) return -5; /* 16-byte weight loads */
     if (a->lowrank) {
         const int T = a->lowrank_rows, cols = a->H * (a->K + a->V);
-        cudaError_t e = kc_launch(kda_lowrank_kernel, dim3((T + LR_ROWS - 1) / LR_ROWS, (cols + 255) / 256), dim3(256),
-                                  0, s, *a, T, a->K);
+        cudaError_t e = kc_launch(kda_lowrank_kernel, dim3((cols + LR_COLS - 1) / LR_COLS, (T + LR_ROWS - 1) / LR_ROWS),
+                                  dim3(256), 0, s, *a, T, a->K);
         if (e != cudaSuccess) {
             fprintf(stderr, "%s:%d: kda lowrank launch failed: %s\n", __FILE__, __LINE__, cudaGetErrorString(e));
             return -7;

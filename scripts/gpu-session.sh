@@ -28,7 +28,7 @@ step() { echo "== $1: $2"; }
 if [ "${KDA_SESSION_SKIP:-}" != tests ]; then
   KDA_SRC=$PWD KDA_BUILD=$PWD/$B ours timeout 150 $B/tests/kernels/test_kernels > "$LOG/test_kernels.txt" 2>&1
   r=$?; [ $r = 0 ] || rc=1; step test_kernels "rc=$r"; grep -E "PASSED|FAILED|ERROR|\[  FAILED|fail" "$LOG/test_kernels.txt" | tail -15
-  ours timeout 150 compute-sanitizer --tool memcheck --leak-check none $B/tests/kernels/test_kernels \
+  ours timeout 150 compute-sanitizer --tool memcheck --leak-check no --error-exitcode 3 $B/tests/kernels/test_kernels \
     > "$LOG/memcheck.txt" 2>&1
   r=$?; [ $r = 0 ] || rc=1; step memcheck "rc=$r"; tail -3 "$LOG/memcheck.txt"
   # kda-server --device cuda end to end: greedy output equals kda-cli on the CPU

@@ -96,6 +96,10 @@ static void check_teacher_forced(const char *dir, int n)
     dlp /= n - 1;
     printf("%s: %d positions, worst rel L2 %.2e, top-1 agreement %d/%d, mean |dlogp| %.4f\n", dir, n, worst, agree, n,
            dlp);
+    printf("  rel L2 by position:");
+    for (int t = 0; t < n; t += (n / 8 > 0 ? n / 8 : 1))
+        printf(" [%d] %.1e", t, kt_rel(lg + (size_t)t * vocab, lc + (size_t)t * vocab, vocab));
+    printf("\n");
     assert_true(worst <= 1e-2);
     assert_true(agree >= 0.99 * n);
     assert_true(dlp <= 0.05);

@@ -491,9 +491,9 @@ static void test_sampler_matches_cpu_sampler(void **st)
 int main(void)
 {
     kt_skip_without_gpu();
-    /* as the backend runs them: programmatic dependent launch on (KDA_PDL=0: off) */
+    /* programmatic dependent launch as the backend would use it (KDA_PDL=1: on) */
     const char *pdl = getenv("KDA_PDL");
-    kc_set_pdl(!(pdl && !strcmp(pdl, "0")));
+    kc_set_pdl(pdl && !strcmp(pdl, "1"));
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_embed_gathers_rows_and_zeroes_padding),
         cmocka_unit_test(test_rmsnorm_matches_reference),
