@@ -62,7 +62,19 @@ typedef struct {
     /* step scratch, grown on demand */
     float *scratch;
     size_t scratch_floats;
+    /* KDA_CPU_BF16_ACT=1: round activations to bf16 where the CUDA backend
+     * stores them in bf16 (GEMM inputs after RMSNorm, KDA/GQA mixer outputs,
+     * the SwiGLU product, K/V cache entries). Tests use it to tell how much
+     * of a CUDA-vs-CPU difference bf16 storage alone causes. */
+    int bf16_act;
 } cpu_backend;
+
+/* x[i] = bf16(x[i]) when the backend emulates bf16 activation storage */
+static void act_round(const cpu_backend *b, float *x, size_t n)
+{
+    if (!b->bf16_act) return;
+    for (size_t i = 0; i < n; i++) x[i] = bf16_to_f32(f32_to_bf16(x[i]));
+}
 
 static float *vec_dup(const tensor_view *t)
 {
@@ -204,6 +216,7 @@ static void kda_layer_forward(cpu_backend *b, int li, const step_item *items, in
             rmsnorm_f32(oh, oh, lv->o_norm, V, c->norm_eps);
             for (int j = 0; j < V; j++) oh[j] *= sigmoid_f32(gh[j]);
         }
+    act_round(b, o, (size_t)N * HV);
     matmul_tv(out, o, &L->o, N);
     for (size_t i = 0; i < (size_t)N * D; i++) x[i] += out[i];
 }
@@ -238,6 +251,8 @@ static void gqa_layer_forward(cpu_backend *b, int li, const step_item *items, in
             }
             rope_partial(qt, Hq, hd, c->rope_dim, pos0 + t, c->rope_theta);
             rope_partial(kt, Hkv, hd, c->rope_dim, pos0 + t, c->rope_theta);
+            act_round(b, kt, (size_t)KD);
+            act_round(b, v + r * KD, (size_t)KD);
             memcpy(kc + (size_t)(pos0 + t) * KD, kt, (size_t)KD * sizeof(float));
             memcpy(vc + (size_t)(pos0 + t) * KD, v + r * KD, (size_t)KD * sizeof(float));
         }
@@ -251,6 +266,7 @@ static void gqa_layer_forward(cpu_backend *b, int li, const step_item *items, in
     }
     if (c->output_gate)
         for (size_t i = 0; i < (size_t)N * QD; i++) o[i] *= sigmoid_f32(g[i]);
+    act_round(b, o, (size_t)N * QD);
     matmul_tv(out, o, &L->o, N);
     for (size_t i = 0; i < (size_t)N * D; i++) x[i] += out[i];
 }
@@ -263,9 +279,11 @@ static void mlp_forward(cpu_backend *b, int li, int N, float *x, float *buf)
     float *m = buf, *gt = m + (size_t)N * D, *up = gt + (size_t)N * F, *out = up + (size_t)N * F;
     for (int t = 0; t < N; t++)
         rmsnorm_f32(m + (size_t)t * D, x + (size_t)t * D, b->vec[li].mlp_norm, D, c->norm_eps);
+    act_round(b, m, (size_t)N * D);
     matmul_tv(gt, m, &M->gate, N);
     matmul_tv(up, m, &M->up, N);
     for (size_t i = 0; i < (size_t)N * F; i++) gt[i] = silu_f32(gt[i]) * up[i];
+    act_round(b, gt, (size_t)N * F);
     matmul_tv(out, gt, &M->down, N);
     for (size_t i = 0; i < (size_t)N * D; i++) x[i] += out[i];
 }
@@ -331,6 +349,7 @@ static int cpu_step(backend *bb, const step_item *items, int n, char *err, size_
     for (int li = 0; li < c->n_layers; li++) {
         const float *wn = b->vec[li].attn_norm;
         for (int t = 0; t < N; t++) rmsnorm_f32(a + (size_t)t * D, x + (size_t)t * D, wn, D, c->norm_eps);
+        act_round(b, a, (size_t)N * D);
         if (c->kind[li] == KDA_LAYER_KDA)
             kda_layer_forward(b, li, items, n, off, N, a, x, buf);
         else
@@ -350,6 +369,7 @@ static int cpu_step(backend *bb, const step_item *items, int n, char *err, size_
             int rows = it->n_tokens - t < LOGIT_ROWS ? it->n_tokens - t : LOGIT_ROWS;
             for (int r = 0; r < rows; r++)
                 rmsnorm_f32(hn + (size_t)r * D, x + (size_t)(off[i] + t + r) * D, b->final_norm, D, c->norm_eps);
+            act_round(b, hn, (size_t)rows * D);
             matmul_tv(lg, hn, &b->w->lm_head, rows);
             for (int r = 0; r < rows; r++) emit_row(it, t + r, lg + (size_t)r * vocab, vocab, work);
         }
@@ -395,6 +415,10 @@ int cpu_backend_create(backend **out, const backend_params *p, char *err, size_t
     b->w = p->w;
     b->max_seqs = p->max_seqs;
     b->cap = p->max_seq_len;
+    {
+        const char *ba = getenv("KDA_CPU_BF16_ACT");
+        b->bf16_act = ba && !strcmp(ba, "1");
+    }
 #ifdef _OPENMP
     b->threads = p->threads > 0 ? p->threads : omp_get_num_procs();
 #endif

@@ -745,11 +745,11 @@ int cuda_backend_create(backend **out, const backend_params *p, char *err, size_
             goto fail;
         }
         snprintf(b->devname, sizeof b->devname, "%s", prop.name);
-        /* programmatic dependent launch (sm_90+), eager and captured alike.
-         * Off by default: measured on the H200 (a57bc4b) it made the B=1 step
-         * slower (2.68 vs 2.33 ms); KDA_PDL=1 turns it on */
+        /* programmatic dependent launch (sm_90+), eager and captured alike;
+         * KDA_PDL=0 turns it off. Measured on the H200 (ceb8d11): B=1 1.81 vs
+         * 1.85 ms, B=64 3.30 vs 3.39 ms per step with / without */
         const char *pv = getenv("KDA_PDL");
-        b->pdl = prop.major >= 9 && pv && strcmp(pv, "1") == 0;
+        b->pdl = prop.major >= 9 && !(pv && strcmp(pv, "0") == 0);
         kc_set_pdl(b->pdl);
     }
     /* projection layouts */

@@ -222,12 +222,12 @@ extern "C" int cuda_bench_kernels(FILE *json, FILE *table)
         cudaMalloc((void **)&lr, (size_t)B * (HK + HV) * 4);
         a.lowrank = lr, a.lowrank_rows = B;
         char name[128];
-        /* the column-tiled cluster kernel (default) and the v2 block-per-head kernel */
-        for (int v1 = 1; v1 >= 0; v1--) {
-            if (v1) setenv("KDA_KDA_V1", "1", 1);
+        /* the block-per-head kernel (default) and the column-tiled cluster kernel */
+        for (int tiled = 0; tiled < 2; tiled++) {
+            if (tiled) setenv("KDA_KDA_TILED", "1", 1);
             ms = median_ms(run_kda, &a, 20);
-            if (v1) unsetenv("KDA_KDA_V1");
-            snprintf(name, sizeof name, "kda lowrank+step%s B=%d (state read+write)", v1 ? " [v2 kernel]" : "", B);
+            if (tiled) unsetenv("KDA_KDA_TILED");
+            snprintf(name, sizeof name, "kda lowrank+step%s B=%d (state read+write)", tiled ? " [tiled]" : "", B);
             emit(json, table, &first, name, 2.0 * B * H * K * V * 4, ms, copy_tbs);
         }
         cudaFree(lr);

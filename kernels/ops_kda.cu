@@ -444,7 +444,7 @@ int kc_kda_step(const kc_kda_args *a, cudaStream_t s)
     }
     const int NT = a->V / KT_COLS;
     const bool tiled = a->lowrank && a->V % KT_COLS == 0 && NT <= 8 && (a->K == 32 || a->K == 64 || a->K == 128) &&
-                       a->slot_stride % 4 == 0 && ((uintptr_t)a->state & 15) == 0 && !getenv_flag("KDA_KDA_V1");
+                       a->slot_stride % 4 == 0 && ((uintptr_t)a->state & 15) == 0 && getenv_flag("KDA_KDA_TILED");
     if (tiled) {
         cudaLaunchConfig_t cfg = {};
         cfg.gridDim = dim3(a->n_items * NT, a->H);

