@@ -222,12 +222,16 @@ extern "C" int cuda_bench_kernels(FILE *json, FILE *table)
         cudaMalloc((void **)&lr, (size_t)B * (HK + HV) * 4);
         a.lowrank = lr, a.lowrank_rows = B;
         char name[128];
-        /* the block-per-head kernel (default) and the column-tiled cluster kernel */
-        for (int tiled = 0; tiled < 2; tiled++) {
+        /* the block-per-head kernel (default), the persistent column-tiled
+         * cluster kernel at 2 and at 3 blocks per SM */
+        for (int tiled = 0; tiled < 3; tiled++) {
             if (tiled) setenv("KDA_KDA_TILED", "1", 1);
+            if (tiled == 2) setenv("KDA_KDA_TILE_OCC", "3", 1);
             ms = median_ms(run_kda, &a, 20);
-            if (tiled) unsetenv("KDA_KDA_TILED");
-            snprintf(name, sizeof name, "kda lowrank+step%s B=%d (state read+write)", tiled ? " [tiled]" : "", B);
+            unsetenv("KDA_KDA_TILED");
+            unsetenv("KDA_KDA_TILE_OCC");
+            snprintf(name, sizeof name, "kda lowrank+step%s B=%d (state read+write)",
+                     tiled == 1 ? " [tiled occ2]" : tiled == 2 ? " [tiled occ3]" : "", B);
             emit(json, table, &first, name, 2.0 * B * H * K * V * 4, ms, copy_tbs);
         }
         cudaFree(lr);

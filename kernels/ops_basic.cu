@@ -4,6 +4,8 @@
  * the log-softmax helpers for logits.
  */
 #include <cublas_v2.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "cuda_common.cuh"
 #include "cuda_ops.h"
@@ -114,7 +116,7 @@ static __device__ __forceinline__ uint4 ld_stream(const uint4 *p)
 template <int T, int IN, int OUT>
 __global__ void __launch_bounds__(GEMV_WARPS * 32, T <= 2 ? 4 : T <= 4 ? 3 : 2)
 gemv_kernel(void *y, int ldy, const bf16 *__restrict__ W, int N, int K, const void *x, int ldx,
-            const float *__restrict__ normw, float eps, int S)
+            const float *__restrict__ normw, float eps, int S, int n_it)
 {
     constexpr int NR = OUT == KC_OUT_SWIGLU ? 2 : 1; /* weight rows per output */
     constexpr int G = 4 / NR;                         /* chunks per row per load group (4 loads) */
@@ -125,14 +127,22 @@ gemv_kernel(void *y, int ldy, const bf16 *__restrict__ W, int N, int K, const vo
     const int K8 = K / 8;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int rl = warp / S, seg = warp - rl * S;
-    const int r0 = blockIdx.x * (GEMV_WARPS / S) + rl;
-    const bool live = r0 < N;
-    const uint4 *wr[NR];
-    wr[0] = (const uint4 *)(W + (size_t)(live ? r0 : 0) * K);
-    if (NR == 2) wr[NR - 1] = (const uint4 *)(W + (size_t)(live ? N + r0 : 0) * K);
     const int c0 = seg * 32 + lane, cs = 32 * S;
-    const int nc = live && c0 < K8 ? (K8 - c0 + cs - 1) / cs : 0; /* this lane's chunks per row */
-    const int ng = (nc + G - 1) / G;
+    /* Persistent over row groups: iteration it takes rows
+     * (blockIdx.x + it * gridDim.x) * (GEMV_WARPS / S) + rl, so the input
+     * staging / RMSNorm prologue runs once per block, and the next row's first
+     * loads are issued before this row's reduction and store. */
+    int r0 = 0, nc = 0, ng = 0;
+    bool live = false;
+    const uint4 *wr[NR];
+    auto setup_row = [&](int it) {
+        r0 = (blockIdx.x + it * gridDim.x) * (GEMV_WARPS / S) + rl;
+        live = r0 < N;
+        wr[0] = (const uint4 *)(W + (size_t)(live ? r0 : 0) * K);
+        if (NR == 2) wr[NR - 1] = (const uint4 *)(W + (size_t)(live ? N + r0 : 0) * K);
+        nc = live && c0 < K8 ? (K8 - c0 + cs - 1) / cs : 0; /* this lane's chunks per row */
+        ng = (nc + G - 1) / G;
+    };
 
     auto load = [&](uint4(&buf)[NR][G], int g) {
 #pragma unroll
@@ -143,6 +153,7 @@ gemv_kernel(void *y, int ldy, const bf16 *__restrict__ W, int N, int K, const vo
         }
     };
     uint4 A[NR][G], B[NR][G];
+    setup_row(0);
     load(A, 0);
     load(B, 1);
 
@@ -167,10 +178,6 @@ gemv_kernel(void *y, int ldy, const bf16 *__restrict__ W, int N, int K, const vo
     __syncthreads();
 
     float acc[NR][T];
-#pragma unroll
-    for (int q = 0; q < NR; q++)
-#pragma unroll
-        for (int t = 0; t < T; t++) acc[q][t] = 0.0f;
     auto consume = [&](const uint4(&buf)[NR][G], int g) {
 #pragma unroll
         for (int u = 0; u < G; u++) {
@@ -191,45 +198,60 @@ gemv_kernel(void *y, int ldy, const bf16 *__restrict__ W, int N, int K, const vo
             }
         }
     };
-    for (int g = 0; g < ng; g += 2) {
-        consume(A, g);
-        load(A, g + 2);
-        consume(B, g + 1);
-        load(B, g + 3);
-    }
+    for (int it = 0; it < n_it; it++) {
+#pragma unroll
+        for (int q = 0; q < NR; q++)
+#pragma unroll
+            for (int t = 0; t < T; t++) acc[q][t] = 0.0f;
+        for (int g = 0; g < ng; g += 2) {
+            consume(A, g);
+            load(A, g + 2);
+            consume(B, g + 1);
+            load(B, g + 3);
+        }
+        const int r0c = r0;
+        const bool livec = live;
+        if (it + 1 < n_it) { /* the next row's first two groups, in flight during this row's epilogue */
+            setup_row(it + 1);
+            load(A, 0);
+            load(B, 1);
+        }
 
-    float v[NR][T];
+        float v[NR][T];
 #pragma unroll
-    for (int q = 0; q < NR; q++)
+        for (int q = 0; q < NR; q++)
 #pragma unroll
-        for (int t = 0; t < T; t++) v[q][t] = warp_sum(acc[q][t]);
-    if (S > 1) { /* uniform over the block */
-        if (lane == 0)
+            for (int t = 0; t < T; t++) v[q][t] = warp_sum(acc[q][t]);
+        if (S > 1) { /* uniform over the block: every warp runs n_it iterations */
+            if (lane == 0)
 #pragma unroll
-            for (int q = 0; q < NR; q++)
+                for (int q = 0; q < NR; q++)
 #pragma unroll
-                for (int t = 0; t < T; t++) part[warp][q * T + t] = v[q][t];
-        __syncthreads();
-        if (seg == 0)
+                    for (int t = 0; t < T; t++) part[warp][q * T + t] = v[q][t];
+            __syncthreads();
+            if (seg == 0)
 #pragma unroll
-            for (int q = 0; q < NR; q++)
+                for (int q = 0; q < NR; q++)
 #pragma unroll
-                for (int t = 0; t < T; t++) {
-                    float sum = part[warp][q * T + t];
-                    for (int k = 1; k < S; k++) sum += part[warp + k][q * T + t];
-                    v[q][t] = sum;
+                    for (int t = 0; t < T; t++) {
+                        float sum = part[warp][q * T + t];
+                        for (int k = 1; k < S; k++) sum += part[warp + k][q * T + t];
+                        v[q][t] = sum;
+                    }
+            __syncthreads(); /* part is rewritten by the next iteration */
+        }
+        if (livec && seg == 0) {
+#pragma unroll
+            for (int t = 0; t < T; t++) {
+                if (lane != t) continue; /* lane t writes row t */
+                if (OUT == KC_OUT_SWIGLU) {
+                    ((bf16 *)y)[(size_t)t * ldy + r0c] = f2bf(siluf_(v[0][t]) * v[NR - 1][t]);
+                } else if (OUT == KC_OUT_ADD) {
+                    ((float *)y)[(size_t)t * ldy + r0c] += v[0][t];
+                } else {
+                    ((float *)y)[(size_t)t * ldy + r0c] = v[0][t];
                 }
-    }
-    if (!live || seg != 0) return;
-#pragma unroll
-    for (int t = 0; t < T; t++) {
-        if (lane != t) continue; /* lane t writes row t */
-        if (OUT == KC_OUT_SWIGLU) {
-            ((bf16 *)y)[(size_t)t * ldy + r0] = f2bf(siluf_(v[0][t]) * v[NR - 1][t]);
-        } else if (OUT == KC_OUT_ADD) {
-            ((float *)y)[(size_t)t * ldy + r0] += v[0][t];
-        } else {
-            ((float *)y)[(size_t)t * ldy + r0] = v[0][t];
+            }
         }
     }
 }
@@ -261,9 +283,28 @@ static int gemv_launch(void *y, int ldy, const bf16 *W, int N, int K, const void
         attr_done = 1;
     }
     const int S = gemv_split(N, K / 8, OUT == KC_OUT_SWIGLU ? 2 : 1), rows = GEMV_WARPS / S;
-    const int grid = (N + rows - 1) / rows;
+    const int groups = (N + rows - 1) / rows;
+    /* persistent: at most the blocks resident at once (KDA_GEMV_PERSIST=0:
+     * one row group per block) */
+    static int resident = -1;
+    if (resident < 0) { /* first call: outside graph capture (see above) */
+        int nb = 0, dev = 0, sms = 0;
+        const char *pe = getenv("KDA_GEMV_PERSIST");
+        cudaGetDevice(&dev);
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+        if ((pe && !strcmp(pe, "0")) ||
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, gemv_kernel<T, IN, OUT>, GEMV_WARPS * 32, smem) != cudaSuccess ||
+            nb <= 0 || sms <= 0) {
+            cudaGetLastError();
+            resident = 0;
+        } else {
+            resident = nb * sms;
+        }
+    }
+    const int grid = resident > 0 && groups > resident ? resident : groups;
+    const int n_it = (groups + grid - 1) / grid;
     KC_LAUNCH(gemv_kernel<T, IN, OUT>, dim3(grid), dim3(GEMV_WARPS * 32), smem, s, y, ldy, W, N, K, x, ldx, nw,
-              eps, S);
+              eps, S, n_it);
     return 0;
 }
 

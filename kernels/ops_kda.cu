@@ -188,160 +188,184 @@ __global__ void __launch_bounds__(256, 2) kda_step_kernel(kc_kda_args a)
  * (128 channels, cheap); block 0 writes the q/k tails back, each block the
  * tails of its own v channels. */
 #define KT_COLS 32
-template <int K>
-__global__ void __launch_bounds__(256, 4) kda_step_tile_kernel(kc_kda_args a)
+#define KT_MAX_NR 4
+/* One (item, head) column tile: load the K x 32 state tile into registers */
+template <int NR>
+static __device__ __forceinline__ void kt_load(float4 *S, const float *Sg, int V, int rsub, int warp)
+{
+#pragma unroll
+    for (int t = 0; t < NR; t++) S[t] = *(const float4 *)(Sg + (size_t)(rsub + 4 * warp + 32 * t) * V);
+}
+
+template <int K, int MINB>
+__global__ void __launch_bounds__(256, MINB) kda_step_tile_kernel(kc_kda_args a)
 {
     constexpr int NR = K / 32; /* float4 row groups per thread */
     KC_PDL_WAIT();
     KC_PDL_TRIGGER();
     cg::cluster_group cl = cg::this_cluster();
-    const int NT = a.V / KT_COLS;
-    const int item = blockIdx.x / NT, ct = blockIdx.x % NT, h = blockIdx.y;
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, cgp = lane & 7, rsub = lane >> 3;
-    const int slot = a.item_slot[item];
-    if (slot < 0) return; /* the whole cluster has the same item: no barrier is left waiting */
-    const int row0 = a.item_row0[item], nt = a.item_ntok[item];
-    const int H = a.H, V = a.V, P = a.taps - 1;
+    const int H = a.H, V = a.V, P = a.taps - 1, NT = V / KT_COLS;
     const int HK = H * K, HV = H * V, C = 2 * HK + HV, LR = HK + HV;
+    const int ct = blockIdx.x % NT, cid = blockIdx.x / NT, ncl = gridDim.x / NT;
+    const int nwork = a.n_items * H;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, cgp = lane & 7, rsub = lane >> 3;
     __shared__ float q_s[K], k_s[K], eg_s[K], v_s[KT_COLS], G_s[KT_COLS];
     __shared__ float red_p[8][KT_COLS], red_o[8][KT_COLS], red2[8][2];
     __shared__ float part_s[2];
-
-    float *Sg = a.state + (size_t)slot * a.slot_stride + (size_t)h * K * V + ct * KT_COLS + cgp * 4;
-    float *tail = a.state + (size_t)slot * a.slot_stride + (size_t)H * K * V; /* [P, C] */
-    float4 S[NR];
-#pragma unroll
-    for (int t = 0; t < NR; t++) S[t] = *(const float4 *)(Sg + (size_t)(rsub + 4 * warp + 32 * t) * V);
-
-    /* channel roles: tid < K: q/k channel tid (conv taps/tail in w1/t1 = q,
-     * w2/t2 = k); 128 <= tid < 160: v channel vt of this tile (w1/t1) */
     const bool kch = tid < K;
     const int vt = tid - 128;
     const bool vch = vt >= 0 && vt < KT_COLS;
-    const int c1 = kch ? h * K + tid : 2 * HK + h * V + ct * KT_COLS + vt, c2 = HK + h * K + tid;
-    float t1[3] = {0, 0, 0}, t2[3] = {0, 0, 0}, w1[4] = {0, 0, 0, 0}, w2[4] = {0, 0, 0, 0};
-    const int sh = 3 - P;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        if (i >= sh && (kch || vch)) {
-            const int m = i - sh;
-            w1[i] = a.convw[(size_t)c1 * a.taps + m];
-            if (i < 3) t1[i] = tail[(size_t)m * C + c1];
-            if (kch) {
-                w2[i] = a.convw[(size_t)c2 * a.taps + m];
-                if (i < 3) t2[i] = tail[(size_t)m * C + c2];
-            }
-        }
-    }
-    const float a_h = -expf(a.A_log[h]);
     const float qscale = 1.0f / sqrtf((float)K);
-    const float dtb = kch ? a.dt_bias[c1] : 0.0f;
-    const float gb = vch && a.g_bias ? a.g_bias[h * V + ct * KT_COLS + vt] : 0.0f;
     const float onw = tid < KT_COLS ? a.onorm[ct * KT_COLS + tid] : 0.0f;
+    int tc = 0; /* tokens done by this cluster: parity of the part_s slot */
 
-    for (int i = 0; i < nt; i++) {
-        const size_t row = (size_t)(row0 + i);
-        const float *pr = a.proj + row * a.ldp;
-        const float *lr = a.lowrank + row * LR;
-        float qv = 0.0f, kv = 0.0f;
-        if (kch || vch) {
-            const float x1 = pr[c1];
-            const float s1 = ((w1[0] * t1[0] + w1[1] * t1[1]) + w1[2] * t1[2]) + w1[3] * x1;
-            t1[0] = t1[1]; t1[1] = t1[2]; t1[2] = x1;
-            if (kch) {
-                const float x2 = pr[c2];
-                const float s2 = ((w2[0] * t2[0] + w2[1] * t2[1]) + w2[2] * t2[2]) + w2[3] * x2;
-                t2[0] = t2[1]; t2[1] = t2[2]; t2[2] = x2;
-                qv = siluf_(s1);
-                kv = siluf_(s2);
-                eg_s[tid] = expf(a_h * softplusf_(lr[c1] + dtb));
-            } else {
-                v_s[vt] = siluf_(s1);
-                G_s[vt] = lr[HK + h * V + ct * KT_COLS + vt] + gb;
+    /* Persistent over work items w = item * H + head, all blocks of a cluster
+     * on the same w (so they agree on padding and barriers); the next item's
+     * state tile is loaded while the current one is processed. */
+    int w = cid;
+    int slot = w < nwork ? a.item_slot[w / H] : -1;
+    float4 S[NR];
+    if (slot >= 0) kt_load<NR>(S, a.state + (size_t)slot * a.slot_stride + (size_t)(w % H) * K * V + ct * KT_COLS + cgp * 4, V, rsub, warp);
+    while (w < nwork) {
+        const int wn = w + ncl;
+        const int slotn = wn < nwork ? a.item_slot[wn / H] : -1;
+        float4 Sn[NR];
+        if (slotn >= 0) kt_load<NR>(Sn, a.state + (size_t)slotn * a.slot_stride + (size_t)(wn % H) * K * V + ct * KT_COLS + cgp * 4, V, rsub, warp);
+        if (slot >= 0) {
+            const int item = w / H, h = w % H;
+            const int row0 = a.item_row0[item], nt = a.item_ntok[item];
+            float *Sg = a.state + (size_t)slot * a.slot_stride + (size_t)h * K * V + ct * KT_COLS + cgp * 4;
+            float *tail = a.state + (size_t)slot * a.slot_stride + (size_t)H * K * V; /* [P, C] */
+            /* channel roles: tid < K: q/k channel tid (conv taps/tail in w1/t1 = q,
+             * w2/t2 = k); 128 <= tid < 160: v channel vt of this tile (w1/t1) */
+            const int c1 = kch ? h * K + tid : 2 * HK + h * V + ct * KT_COLS + vt, c2 = HK + h * K + tid;
+            float t1[3] = {0, 0, 0}, t2[3] = {0, 0, 0}, w1[4] = {0, 0, 0, 0}, w2[4] = {0, 0, 0, 0};
+            const int sh = 3 - P;
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                if (i >= sh && (kch || vch)) {
+                    const int m = i - sh;
+                    w1[i] = a.convw[(size_t)c1 * a.taps + m];
+                    if (i < 3) t1[i] = tail[(size_t)m * C + c1];
+                    if (kch) {
+                        w2[i] = a.convw[(size_t)c2 * a.taps + m];
+                        if (i < 3) t2[i] = tail[(size_t)m * C + c2];
+                    }
+                }
+            }
+            const float a_h = -expf(a.A_log[h]);
+            const float dtb = kch ? a.dt_bias[c1] : 0.0f;
+            const float gb = vch && a.g_bias ? a.g_bias[h * V + ct * KT_COLS + vt] : 0.0f;
+
+            for (int i = 0; i < nt; i++, tc++) {
+                const size_t row = (size_t)(row0 + i);
+                const float *pr = a.proj + row * a.ldp;
+                const float *lr = a.lowrank + row * LR;
+                float qv = 0.0f, kv = 0.0f;
+                if (kch || vch) {
+                    const float x1 = pr[c1];
+                    const float s1 = ((w1[0] * t1[0] + w1[1] * t1[1]) + w1[2] * t1[2]) + w1[3] * x1;
+                    t1[0] = t1[1]; t1[1] = t1[2]; t1[2] = x1;
+                    if (kch) {
+                        const float x2 = pr[c2];
+                        const float s2 = ((w2[0] * t2[0] + w2[1] * t2[1]) + w2[2] * t2[2]) + w2[3] * x2;
+                        t2[0] = t2[1]; t2[1] = t2[2]; t2[2] = x2;
+                        qv = siluf_(s1);
+                        kv = siluf_(s2);
+                        eg_s[tid] = expf(a_h * softplusf_(lr[c1] + dtb));
+                    } else {
+                        v_s[vt] = siluf_(s1);
+                        G_s[vt] = lr[HK + h * V + ct * KT_COLS + vt] + gb;
+                    }
+                }
+                const float beta = sigmoidf_(pr[a.off_beta + h]);
+                /* ||q||^2 and ||k||^2 in one block reduction */
+                const float sq2 = warp_sum(qv * qv), sk2 = warp_sum(kv * kv);
+                if (lane == 0) red2[warp][0] = sq2, red2[warp][1] = sk2;
+                __syncthreads();
+                if (kch) {
+                    float ssq = 0.0f, ssk = 0.0f;
+#pragma unroll
+                    for (int w8 = 0; w8 < 8; w8++) ssq += red2[w8][0], ssk += red2[w8][1];
+                    q_s[tid] = qv * (1.0f / sqrtf(ssq + 1e-6f)) * qscale;
+                    k_s[tid] = kv * (1.0f / sqrtf(ssk + 1e-6f));
+                }
+                __syncthreads();
+                /* decay, then p = S^T k for this thread's 4 columns over its rows */
+                float p0 = 0.0f, p1 = 0.0f, p2 = 0.0f, p3 = 0.0f;
+#pragma unroll
+                for (int t = 0; t < NR; t++) {
+                    const int r = rsub + 4 * warp + 32 * t;
+                    const float e = eg_s[r], kk = k_s[r];
+                    S[t].x *= e; S[t].y *= e; S[t].z *= e; S[t].w *= e;
+                    p0 += S[t].x * kk; p1 += S[t].y * kk; p2 += S[t].z * kk; p3 += S[t].w * kk;
+                }
+#pragma unroll
+                for (int o = 8; o < 32; o <<= 1) {
+                    p0 += __shfl_xor_sync(0xffffffffu, p0, o);
+                    p1 += __shfl_xor_sync(0xffffffffu, p1, o);
+                    p2 += __shfl_xor_sync(0xffffffffu, p2, o);
+                    p3 += __shfl_xor_sync(0xffffffffu, p3, o);
+                }
+                if (rsub == 0) *(float4 *)&red_p[warp][cgp * 4] = make_float4(p0, p1, p2, p3);
+                __syncthreads();
+                float4 u = make_float4(0, 0, 0, 0);
+#pragma unroll
+                for (int w8 = 0; w8 < 8; w8++) {
+                    const float4 r = *(const float4 *)&red_p[w8][cgp * 4];
+                    u.x += r.x; u.y += r.y; u.z += r.z; u.w += r.w;
+                }
+                const float4 vv = *(const float4 *)&v_s[cgp * 4];
+                u.x = beta * (vv.x - u.x); u.y = beta * (vv.y - u.y);
+                u.z = beta * (vv.z - u.z); u.w = beta * (vv.w - u.w);
+                float o0 = 0.0f, o1 = 0.0f, o2 = 0.0f, o3 = 0.0f;
+#pragma unroll
+                for (int t = 0; t < NR; t++) {
+                    const int r = rsub + 4 * warp + 32 * t;
+                    const float kk = k_s[r], qq = q_s[r];
+                    S[t].x += kk * u.x; S[t].y += kk * u.y; S[t].z += kk * u.z; S[t].w += kk * u.w;
+                    o0 += S[t].x * qq; o1 += S[t].y * qq; o2 += S[t].z * qq; o3 += S[t].w * qq;
+                }
+#pragma unroll
+                for (int o = 8; o < 32; o <<= 1) {
+                    o0 += __shfl_xor_sync(0xffffffffu, o0, o);
+                    o1 += __shfl_xor_sync(0xffffffffu, o1, o);
+                    o2 += __shfl_xor_sync(0xffffffffu, o2, o);
+                    o3 += __shfl_xor_sync(0xffffffffu, o3, o);
+                }
+                if (rsub == 0) *(float4 *)&red_o[warp][cgp * 4] = make_float4(o0, o1, o2, o3);
+                __syncthreads();
+                float oj = 0.0f, gate = 0.0f;
+                if (tid < KT_COLS) {
+#pragma unroll
+                    for (int w8 = 0; w8 < 8; w8++) oj += red_o[w8][tid];
+                    gate = sigmoidf_(G_s[tid]);
+                    const float ss = warp_sum(oj * oj);
+                    if (tid == 0) part_s[tc & 1] = ss;
+                }
+                cl.sync(); /* partials of all V/32 blocks published; also orders this token's smem reads */
+                if (tid < KT_COLS) {
+                    float sso = 0.0f;
+                    for (int r = 0; r < NT; r++) sso += cl.map_shared_rank(part_s, r)[tc & 1];
+                    const float rn = 1.0f / sqrtf(sso / V + a.eps);
+                    ((bf16 *)a.y)[row * a.ldy + h * V + ct * KT_COLS + tid] = f2bf(oj * rn * onw * gate);
+                }
+            }
+#pragma unroll
+            for (int t = 0; t < NR; t++) *(float4 *)(Sg + (size_t)(rsub + 4 * warp + 32 * t) * V) = S[t];
+#pragma unroll
+            for (int i = 0; i < 3; i++) {
+                if (i >= sh) {
+                    const int m = i - sh;
+                    if ((kch && ct == 0) || vch) tail[(size_t)m * C + c1] = t1[i];
+                    if (kch && ct == 0) tail[(size_t)m * C + c2] = t2[i];
+                }
             }
         }
-        const float beta = sigmoidf_(pr[a.off_beta + h]);
-        /* ||q||^2 and ||k||^2 in one block reduction */
-        float sq2 = warp_sum(qv * qv), sk2 = warp_sum(kv * kv);
-        if (lane == 0) red2[warp][0] = sq2, red2[warp][1] = sk2;
-        __syncthreads();
-        if (kch) {
-            float ssq = 0.0f, ssk = 0.0f;
+        w = wn;
+        slot = slotn;
 #pragma unroll
-            for (int w = 0; w < 8; w++) ssq += red2[w][0], ssk += red2[w][1];
-            q_s[tid] = qv * (1.0f / sqrtf(ssq + 1e-6f)) * qscale;
-            k_s[tid] = kv * (1.0f / sqrtf(ssk + 1e-6f));
-        }
-        __syncthreads();
-        /* decay, then p = S^T k for this thread's 4 columns over its rows */
-        float p0 = 0.0f, p1 = 0.0f, p2 = 0.0f, p3 = 0.0f;
-#pragma unroll
-        for (int t = 0; t < NR; t++) {
-            const int r = rsub + 4 * warp + 32 * t;
-            const float e = eg_s[r], kk = k_s[r];
-            S[t].x *= e; S[t].y *= e; S[t].z *= e; S[t].w *= e;
-            p0 += S[t].x * kk; p1 += S[t].y * kk; p2 += S[t].z * kk; p3 += S[t].w * kk;
-        }
-#pragma unroll
-        for (int o = 8; o < 32; o <<= 1) {
-            p0 += __shfl_xor_sync(0xffffffffu, p0, o);
-            p1 += __shfl_xor_sync(0xffffffffu, p1, o);
-            p2 += __shfl_xor_sync(0xffffffffu, p2, o);
-            p3 += __shfl_xor_sync(0xffffffffu, p3, o);
-        }
-        if (rsub == 0) *(float4 *)&red_p[warp][cgp * 4] = make_float4(p0, p1, p2, p3);
-        __syncthreads();
-        float4 u = make_float4(0, 0, 0, 0);
-#pragma unroll
-        for (int w = 0; w < 8; w++) {
-            const float4 r = *(const float4 *)&red_p[w][cgp * 4];
-            u.x += r.x; u.y += r.y; u.z += r.z; u.w += r.w;
-        }
-        const float4 vv = *(const float4 *)&v_s[cgp * 4];
-        u.x = beta * (vv.x - u.x); u.y = beta * (vv.y - u.y);
-        u.z = beta * (vv.z - u.z); u.w = beta * (vv.w - u.w);
-        float o0 = 0.0f, o1 = 0.0f, o2 = 0.0f, o3 = 0.0f;
-#pragma unroll
-        for (int t = 0; t < NR; t++) {
-            const int r = rsub + 4 * warp + 32 * t;
-            const float kk = k_s[r], qq = q_s[r];
-            S[t].x += kk * u.x; S[t].y += kk * u.y; S[t].z += kk * u.z; S[t].w += kk * u.w;
-            o0 += S[t].x * qq; o1 += S[t].y * qq; o2 += S[t].z * qq; o3 += S[t].w * qq;
-        }
-#pragma unroll
-        for (int o = 8; o < 32; o <<= 1) {
-            o0 += __shfl_xor_sync(0xffffffffu, o0, o);
-            o1 += __shfl_xor_sync(0xffffffffu, o1, o);
-            o2 += __shfl_xor_sync(0xffffffffu, o2, o);
-            o3 += __shfl_xor_sync(0xffffffffu, o3, o);
-        }
-        if (rsub == 0) *(float4 *)&red_o[warp][cgp * 4] = make_float4(o0, o1, o2, o3);
-        __syncthreads();
-        float oj = 0.0f, gate = 0.0f;
-        if (tid < KT_COLS) {
-#pragma unroll
-            for (int w = 0; w < 8; w++) oj += red_o[w][tid];
-            gate = sigmoidf_(G_s[tid]);
-            const float ss = warp_sum(oj * oj);
-            if (tid == 0) part_s[i & 1] = ss;
-        }
-        cl.sync(); /* partials of all V/32 blocks published; also orders this token's smem reads */
-        if (tid < KT_COLS) {
-            float sso = 0.0f;
-            for (int r = 0; r < NT; r++) sso += cl.map_shared_rank(part_s, r)[i & 1];
-            const float rn = 1.0f / sqrtf(sso / V + a.eps);
-            ((bf16 *)a.y)[row * a.ldy + h * V + ct * KT_COLS + tid] = f2bf(oj * rn * onw * gate);
-        }
-    }
-#pragma unroll
-    for (int t = 0; t < NR; t++) *(float4 *)(Sg + (size_t)(rsub + 4 * warp + 32 * t) * V) = S[t];
-#pragma unroll
-    for (int i = 0; i < 3; i++) {
-        if (i >= sh) {
-            const int m = i - sh;
-            if ((kch && ct == 0) || vch) tail[(size_t)m * C + c1] = t1[i];
-            if (kch && ct == 0) tail[(size_t)m * C + c2] = t2[i];
-        }
+        for (int t = 0; t < NR; t++) S[t] = Sn[t];
     }
     cl.sync(); /* no block leaves while another may still read its part_s */
 }
@@ -447,7 +471,6 @@ int kc_kda_step(const kc_kda_args *a, cudaStream_t s)
                        a->slot_stride % 4 == 0 && ((uintptr_t)a->state & 15) == 0 && getenv_flag("KDA_KDA_TILED");
     if (tiled) {
         cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3(a->n_items * NT, a->H);
         cfg.blockDim = dim3(256);
         cfg.stream = s;
         cudaLaunchAttribute at[2];
@@ -459,12 +482,32 @@ int kc_kda_step(const kc_kda_args *a, cudaStream_t s)
         at[1].val.programmaticStreamSerializationAllowed = 1;
         cfg.attrs = at;
         cfg.numAttrs = kc_pdl_on ? 2 : 1;
-        cudaError_t e;
-        switch (a->K) {
-        case 32: e = cudaLaunchKernelEx(&cfg, kda_step_tile_kernel<32>, *a); break;
-        case 64: e = cudaLaunchKernelEx(&cfg, kda_step_tile_kernel<64>, *a); break;
-        default: e = cudaLaunchKernelEx(&cfg, kda_step_tile_kernel<128>, *a); break;
+        /* KDA_KDA_TILE_OCC=3: 3 blocks per SM (80 registers, small spills)
+         * instead of 2 (128 registers, none) */
+        const char *oc = getenv("KDA_KDA_TILE_OCC");
+        const int occ3 = oc && !strcmp(oc, "3");
+        void (*kern)(kc_kda_args) =
+            occ3 ? (a->K == 32 ? kda_step_tile_kernel<32, 3> : a->K == 64 ? kda_step_tile_kernel<64, 3> : kda_step_tile_kernel<128, 3>)
+                 : (a->K == 32 ? kda_step_tile_kernel<32, 2> : a->K == 64 ? kda_step_tile_kernel<64, 2> : kda_step_tile_kernel<128, 2>);
+        /* persistent: as many clusters as fit on the device at once (asked
+         * once per kernel and cluster size), each walking work items */
+        static int max_cl[6][9];
+        const int ki = (a->K == 32 ? 0 : a->K == 64 ? 1 : 2) + 3 * occ3;
+        if (!max_cl[ki][NT]) {
+            int n = 0;
+            cfg.gridDim = dim3(NT * 1024);
+            if (cudaOccupancyMaxActiveClusters(&n, kern, &cfg) != cudaSuccess || n <= 0) {
+                cudaGetLastError();
+                n = 1 << 20; /* unknown: one cluster per work item */
+            }
+            max_cl[ki][NT] = n;
         }
+        const int nwork = a->n_items * a->H;
+        int ncl = nwork < max_cl[ki][NT] ? nwork : max_cl[ki][NT];
+        const char *cap = getenv("KDA_KDA_TILE_CLUSTERS"); /* tests: force clusters to walk several items */
+        if (cap && atoi(cap) > 0 && atoi(cap) < ncl) ncl = atoi(cap);
+        cfg.gridDim = dim3(ncl * NT);
+        cudaError_t e = cudaLaunchKernelEx(&cfg, kern, *a);
         if (e != cudaSuccess) {
             fprintf(stderr, "%s:%d: kda tile kernel launch failed: %s\n", __FILE__, __LINE__, cudaGetErrorString(e));
             return -7;

@@ -3,7 +3,8 @@
 # test and the decode benchmark under the backend's switches, to attribute a
 # failure or a speed change to one component. No baseline (see gpu-session.sh).
 #   KDA_PDL=0               programmatic dependent launch off
-#   KDA_KDA_TILED=1         column-tiled cluster KDA kernel instead of block-per-head
+#   KDA_KDA_TILED=1         persistent column-tiled cluster KDA kernel (KDA_KDA_TILE_OCC=3: 3 blocks/SM)
+#   KDA_GEMV_PERSIST=0      one row group per GEMV block instead of persistent blocks
 #   KDA_CUDA_GEMM_LT=0      plain cublasGemmEx instead of the tuned cuBLASLt plans
 #   KDA_CUDA_GRAPHS=0       no CUDA graphs
 # Logs: $OUT/variants.txt (summary) and $OUT/logs.tgz.
@@ -19,29 +20,25 @@ run() { env LD_LIBRARY_PATH=$KDA_LIB_PATH KDA_SRC=$PWD KDA_BUILD=$PWD/$B "$@"; }
 {
   python3 scripts/gen_checkpoint.py "$M17" --preset 1.7b --tokenizer none > "$LOG/gen.txt" 2>&1 &
   gen_pid=$!
-  echo "== test_kernels, PDL off"
-  run KDA_PDL=0 timeout 120 $B/tests/kernels/test_kernels > "$LOG/tk_pdl.txt" 2>&1; echo "rc=$?"
-  grep -E "PASSED|FAILED" "$LOG/tk_pdl.txt"
+  echo "== test_kernels"
+  run timeout 150 $B/tests/kernels/test_kernels > "$LOG/tk.txt" 2>&1; echo "rc=$?"
+  grep -E "PASSED|FAILED|variant" "$LOG/tk.txt"
   echo "== memcheck test_kernels"
-  run timeout 200 compute-sanitizer --tool memcheck --leak-check no --error-exitcode 3 $B/tests/kernels/test_kernels \
+  run timeout 240 compute-sanitizer --tool memcheck --leak-check no --error-exitcode 3 $B/tests/kernels/test_kernels \
     > "$LOG/memcheck.txt" 2>&1; echo "rc=$?"
   grep -E "ERROR SUMMARY|PASSED|FAILED" "$LOG/memcheck.txt" | tail -4
-  for v in "" "KDA_PDL=0" "KDA_KDA_TILED=1" "KDA_CUDA_GEMM_LT=0" "KDA_CUDA_GRAPHS=0" \
-           "KDA_CUDA_GEMM_LT=0 KDA_CUDA_GEMV_MAX_T=0"; do
-    echo "== test_cuda_model (tiny models) ${v:-defaults}"
-    run $v timeout 120 $B/tests/kernels/test_cuda_model > "$LOG/tcm.txt" 2>&1; echo "rc=$?"
-    grep -E "positions|by position|vs alone|reuse|PASSED|FAILED  \]" "$LOG/tcm.txt" | grep -v "^\[  FAILED  \] test_" | head -12
+  wait $gen_pid
+  for v in "" ${KDA_VARIANTS_MODEL-"KDA_KDA_TILED=1"}; do
+    echo "== test_cuda_model ${v:-defaults} (with the 1.7B case)"
+    run $v KDA_TEST_MODEL_17B=$M17 timeout 240 $B/tests/kernels/test_cuda_model > "$LOG/tcm.txt" 2>&1; echo "rc=$?"
+    grep -E "positions|cuda vs|bf16-act vs|vs alone|reuse|PASSED|FAILED" "$LOG/tcm.txt" | head -40
     cat "$LOG/tcm.txt" >> "$LOG/tcm_all.txt"
   done
-  wait $gen_pid
-  echo "== test_cuda_model 1.7B, defaults"
-  run KDA_TEST_MODEL_17B=$M17 timeout 200 $B/tests/kernels/test_cuda_model > "$LOG/tcm17.txt" 2>&1; echo "rc=$?"
-  grep -E "kda-1.7b|by position" "$LOG/tcm17.txt"
   echo "== bench defaults"
   run timeout 150 $B/cli/kda-cli bench "$M17" --json "$OUT/ours.json" 2>&1 | grep -E "kda|attn|gemv T=1|decode|cuda:"
-  echo "== bench KDA_PDL=0 (decode only)"
-  run KDA_PDL=0 timeout 100 $B/cli/kda-cli bench "$M17" --no-kernels 2>&1 | grep -E "decode B"
-  echo "== bench KDA_KDA_TILED=1 (decode only)"
-  run KDA_KDA_TILED=1 timeout 100 $B/cli/kda-cli bench "$M17" --no-kernels 2>&1 | grep -E "decode B"
+  for v in ${KDA_VARIANTS_BENCH-"KDA_KDA_TILED=1" "KDA_KDA_TILED=1,KDA_KDA_TILE_OCC=3" "KDA_GEMV_PERSIST=0" "KDA_PDL=0"}; do
+    echo "== bench $v (decode only)"
+    run ${v//,/ } timeout 100 $B/cli/kda-cli bench "$M17" --no-kernels 2>&1 | grep -E "decode B"
+  done
 } 2>&1 | tee "$OUT/variants.txt"
 tar czf "$OUT/logs.tgz" -C /tmp kda-logs

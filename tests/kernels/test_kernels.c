@@ -58,9 +58,11 @@ static void test_gemv_and_gemm_match_reference(void **st)
     (void)st;
     cublasHandle_t h;
     assert_int_equal(cublasCreate(&h), CUBLAS_STATUS_SUCCESS);
-    /* split-K factors of the GEMV: 1/2/8 for these three, 4 for 1030 x 8064 */
-    const int shapes[][2] = {{37, 64}, {2072, 2048}, {130, 8064}, {1030, 8064}};
-    for (int s = 0; s < 4; s++) {
+    /* split-K factors of the GEMV: 1/2/8 for the first three, 4 for 1030 x 8064;
+     * 9001 x 256 has more row groups than blocks resident on an H200, so the
+     * persistent GEMV walks several rows per warp */
+    const int shapes[][2] = {{37, 64}, {2072, 2048}, {130, 8064}, {1030, 8064}, {9001, 256}};
+    for (int s = 0; s < 5; s++) {
         const int N = shapes[s][0], K = shapes[s][1];
         float *W = malloc((size_t)2 * N * K * 4);
         kt_fill(W, (size_t)2 * N * K, 1.0f / sqrtf((float)K));
@@ -293,11 +295,23 @@ static void run_kda_case(int H, int K, int taps, const int *ntok, const int *slo
 static void test_kda_step_matches_reference(void **st)
 {
     (void)st;
+    /* both step kernels: block per head (default) and the persistent
+     * column-tiled cluster kernel (needs the low-rank scratch) at 2 and 3
+     * blocks per SM */
+    for (int variant = 0; variant < 3; variant++) {
+    if (variant) setenv("KDA_KDA_TILED", "1", 1);
+    if (variant == 1) setenv("KDA_KDA_TILE_CLUSTERS", "3", 1); /* each cluster walks several (item, head) */
+    if (variant == 2) setenv("KDA_KDA_TILE_OCC", "3", 1);
+    printf("kda step kernel variant %d\n", variant);
     for (int lr = 0; lr < 2; lr++) {
         { const int nt[] = {1, 3, 17, 2}, sl[] = {2, -1, 0, 3}; run_kda_case(2, 16, 4, nt, sl, 4, lr); }
         { const int nt[] = {1, 1, 1}, sl[] = {1, 3, 0}; run_kda_case(3, 64, 4, nt, sl, 3, lr); }
         { const int nt[] = {1, 5, 1, 70}, sl[] = {0, 1, -1, 3}; run_kda_case(4, 128, 4, nt, sl, 4, lr); }
         { const int nt[] = {2, 1}, sl[] = {1, 2}; run_kda_case(2, 32, 3, nt, sl, 2, lr); }
+    }
+    unsetenv("KDA_KDA_TILED");
+    unsetenv("KDA_KDA_TILE_CLUSTERS");
+    unsetenv("KDA_KDA_TILE_OCC");
     }
 }
 
