@@ -242,6 +242,13 @@ static int upload_f32(float *dst, const tensor_view *t, size_t n, float dflt, ch
 static int attn_split_for(const cuda_backend *b, int T)
 {
     const int msl = b->max_seq_len;
+    static int forced = -1; /* KDA_CUDA_ATTN_SPLIT=32..256: one split size for every pass (diagnosis) */
+    if (forced < 0) {
+        const char *v = getenv("KDA_CUDA_ATTN_SPLIT");
+        forced = v ? atoi(v) : 0;
+        if (forced != 32 && forced != 64 && forced != 128 && forced != 256) forced = 0;
+    }
+    if (forced && (long)T * ((msl + forced - 1) / forced) <= b->rs_cap) return forced;
     int split = 256;
     while (split > 32 && (long)T * b->Hkv * ((msl + split / 2 - 1) / (split / 2)) <= 1024) split /= 2;
     return split;

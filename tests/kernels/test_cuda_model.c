@@ -370,5 +370,14 @@ int main(void)
         cmocka_unit_test(test_full_kv_pool_refuses_without_corrupting_others),
         cmocka_unit_test(test_teacher_forced_logits_match_cpu_17b),
     };
+    /* KDA_TEST_ONLY=SUBSTRING runs only the tests whose name contains it */
+    const char *only = getenv("KDA_TEST_ONLY");
+    if (only && *only) {
+        struct CMUnitTest sel[sizeof tests / sizeof tests[0]];
+        size_t n = 0;
+        for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++)
+            if (strstr(tests[i].name, only)) sel[n++] = tests[i];
+        return _cmocka_run_group_tests("selected", sel, n, NULL, NULL);
+    }
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
