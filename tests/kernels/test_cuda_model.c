@@ -265,8 +265,15 @@ static void test_batch_of_64_equals_each_sequence_alone(void **st)
         assert_int_equal(rc, 0);
     }
     for (int i = 0; i < B; i++) kda_seq_free(gpu, seq[i]);
-    /* each alone: same tokens, one sequence per step */
-    double worst = 0;
+    /* each alone: same tokens, one sequence per step; the same sequence on
+     * the CPU in fp32 and with bf16 activation storage emulated gives the
+     * scale of difference that bf16 rounding alone makes on this input */
+    kda_engine *cpu = open_engine(demo_dir, "cpu", 1, 512);
+    setenv("KDA_CPU_BF16_ACT", "1", 1);
+    kda_engine *emu = open_engine(demo_dir, "cpu", 1, 512);
+    unsetenv("KDA_CPU_BF16_ACT");
+    float *lc = malloc((size_t)STEPS * VOC * 4), *le = malloc((size_t)STEPS * VOC * 4);
+    double worst = 0, worst_round = 0;
     int worst_i = -1;
     for (int i = 0; i < B; i++) {
         const double before = worst;
@@ -286,17 +293,44 @@ static void test_batch_of_64_equals_each_sequence_alone(void **st)
         }
         kda_seq_free(gpu, s1);
         if (worst > before) worst_i = i;
+        kda_engine *ce[2] = {cpu, emu};
+        float *lce[2] = {lc, le};
+        for (int k = 0; k < 2; k++) {
+            int sc;
+            assert_int_equal(kda_seq_new(ce[k], &sc, err, sizeof err), 0);
+            kda_batch_item c1 = {.seq = sc, .tokens = prompts + i * 80, .n_tokens = plen[i]};
+            assert_int_equal(kda_engine_step(ce[k], &c1, 1, err, sizeof err), 0);
+            for (int s = 0; s < STEPS; s++) {
+                c1 = (kda_batch_item){.seq = sc, .tokens = &gen_b[i][s], .n_tokens = 1, .logits = lce[k] + (size_t)s * VOC};
+                assert_int_equal(kda_engine_step(ce[k], &c1, 1, err, sizeof err), 0);
+            }
+            kda_seq_free(ce[k], sc);
+        }
+        for (int s = 0; s < STEPS; s++) {
+            const double e = kt_rel(le + (size_t)s * VOC, lc + (size_t)s * VOC, VOC);
+            worst_round = e > worst_round ? e : worst_round;
+        }
     }
     /* where the worst sequence sat in the batched prompt step: the backend
      * processes prompts in passes of at most 256 rows, in item order */
     int start = 0;
     if (worst_i < 0) worst_i = 0;
     for (int i = 0; i < worst_i; i++) start += plen[i];
-    printf("batch of %d vs alone: worst rel L2 %.2e (sequence %d, prompt rows %d..%d%s)\n", B, worst, worst_i,
-           start, start + plen[worst_i] - 1, start / 256 != (start + plen[worst_i] - 1) / 256 ? ", across a pass" : "");
-    /* batched and single rows take different GEMM paths (GEMV vs cuBLAS), so
-     * not bit-identical; far tighter than the CPU budget */
-    assert_true(worst < 2e-3);
+    printf("batch of %d vs alone: worst rel L2 %.2e (sequence %d, prompt rows %d..%d%s); bf16 storage alone "
+           "(cpu emulation vs fp32) on the same sequences: worst %.2e\n",
+           B, worst, worst_i, start, start + plen[worst_i] - 1,
+           start / 256 != (start + plen[worst_i] - 1) / 256 ? ", across a pass" : "", worst_round);
+    /* Batched and single rows run different kernels (cuBLASLt plans vs the
+     * GEMV, other attention splits), so fp32 sums differ in order and some
+     * bf16-stored activations round the other way: not bit-identical (4-7e-3
+     * measured on the H200 whatever the GEMM path, graphs or split size).
+     * They must agree at least as well as fp32 and bf16 storage agree with
+     * each other on the same sequences; a structural error (a wrong row,
+     * state or position) is far above that. */
+    assert_true(worst <= worst_round + 1e-3);
+    free(lc), free(le);
+    kda_engine_close(cpu);
+    kda_engine_close(emu);
     free(prompts), free(lb), free(la);
     kda_engine_close(gpu);
 }
