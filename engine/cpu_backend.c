@@ -427,6 +427,10 @@ int cpu_backend_create(backend **out, const backend_params *p, char *err, size_t
         b->kda_idx[l] = c->kind[l] == KDA_LAYER_KDA ? b->n_kda++ : -1;
         b->gqa_idx[l] = c->kind[l] == KDA_LAYER_GQA ? b->n_gqa++ : -1;
     }
+    /* slots are allocated on first use; these are the totals at max_seqs */
+    b->base.kv_pool_bytes = (size_t)b->max_seqs * 2 * slot_kv_floats(b) * sizeof(float);
+    b->base.state_pool_bytes = (size_t)b->max_seqs * (slot_state_floats(b) + slot_tail_floats(b)) * sizeof(float);
+    b->base.max_full_context_seqs = b->max_seqs;
     b->slots = calloc((size_t)b->max_seqs, sizeof *b->slots);
     b->vec = calloc((size_t)c->n_layers, sizeof *b->vec);
     b->final_norm = vec_dup(&p->w->final_norm);

@@ -134,6 +134,10 @@ int kda_engine_open(kda_engine **out, const kda_engine_opts *o, char *err, size_
     if (rc) goto fail;
     e->info.device_name = e->be->device_name;
     e->info.pool_bytes = e->be->pool_bytes;
+    e->info.kv_pool_bytes = e->be->kv_pool_bytes;
+    e->info.state_pool_bytes = e->be->state_pool_bytes;
+    e->info.max_full_context_seqs = e->be->max_full_context_seqs;
+    if (e->be->kv_bytes_per_token) e->info.kv_bytes_per_token = e->be->kv_bytes_per_token;
     *out = e;
     return 0;
 fail:

@@ -75,6 +75,10 @@ typedef struct {
     size_t kv_bytes_per_token; /* GQA KV cache per token per sequence */
     size_t pool_bytes;         /* backend memory pool in total (CUDA), or 0 */
     kda_layer_kind layer_kind[KDA_MAX_LAYERS];
+    /* as the backend holds them: KV cache and KDA state pools, and how many
+     * sequences can each hold max_seq_len tokens at once */
+    size_t kv_pool_bytes, state_pool_bytes;
+    int max_full_context_seqs;
 } kda_model_info;
 
 int kda_engine_open(kda_engine **out, const kda_engine_opts *opts, char *err, size_t errlen);

@@ -148,6 +148,10 @@ struct backend {
     int (*step)(backend *b, const step_item *items, int n, char *err, size_t errlen);
     void (*destroy)(backend *b);
     size_t pool_bytes;
+    /* filled by the backend: its KV and state pools, the KV bytes per token
+     * as stored (bf16 on CUDA), sequences that fit at full context */
+    size_t kv_pool_bytes, state_pool_bytes, kv_bytes_per_token;
+    int max_full_context_seqs;
     const char *device_name;
 };
 

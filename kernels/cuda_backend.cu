@@ -1087,6 +1087,13 @@ int cuda_backend_create(backend **out, const backend_params *p, char *err, size_
     b->base.step = cuda_step;
     b->base.destroy = cuda_destroy;
     b->base.pool_bytes = b->pool_size;
+    b->base.kv_pool_bytes = b->kv_bytes;
+    b->base.state_pool_bytes = b->state_bytes;
+    b->base.kv_bytes_per_token = b->n_gqa ? b->block_elems * 2 / KV_BLK : 0;
+    {
+        const int full = b->n_gqa ? b->n_blocks / b->max_blocks : b->max_seqs;
+        b->base.max_full_context_seqs = full < b->max_seqs ? full : b->max_seqs;
+    }
     b->base.device_name = b->devname;
     {
         const size_t per_seq_state = b->slot_floats * 4, per_seq_kv = (size_t)b->max_blocks * b->block_elems * 2;

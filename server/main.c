@@ -180,11 +180,19 @@ static void log_model(const char *dir, const kda_model_info *in, int max_batch)
     srv_log(SRV_LOG_INFO, "loaded %s: family %s, %d layers (%d KDA + %d GQA), d_model %d, vocab %d, %.2fM params",
             dir, in->family_name, in->n_layers, n_kda, in->n_layers - n_kda, in->d_model, in->vocab_size,
             (double)in->n_params / 1e6);
-    srv_log(SRV_LOG_INFO, "memory: weights %.1f MiB, state %.1f KiB/seq + KV %.1f KiB/token, pool %.1f MiB; "
-            "device %s, max_seq_len %d, %d sequence slots (max batch %d)",
-            (double)in->weight_bytes / 1048576.0, (double)in->state_bytes_per_seq / 1024.0,
-            (double)in->kv_bytes_per_token / 1024.0, (double)in->pool_bytes / 1048576.0, in->device_name,
-            in->max_seq_len, in->max_seqs, max_batch);
+    char total[96];
+    if (in->pool_bytes)
+        snprintf(total, sizeof total, "; device pool %.1f MiB in total", (double)in->pool_bytes / 1048576.0);
+    else
+        snprintf(total, sizeof total, " (host memory, taken per sequence on first use)");
+    srv_log(SRV_LOG_INFO, "memory on %s: weights %.1f MiB, KV cache pool %.1f MiB (%.1f KiB/token), KDA state pool "
+            "%.1f MiB (%.1f KiB/sequence)%s",
+            in->device_name, (double)in->weight_bytes / 1048576.0, (double)in->kv_pool_bytes / 1048576.0,
+            (double)in->kv_bytes_per_token / 1024.0, (double)in->state_pool_bytes / 1048576.0,
+            (double)in->state_bytes_per_seq / 1024.0, total);
+    srv_log(SRV_LOG_INFO, "capacity: max concurrent sequences at full context (%d tokens): %d; %d sequence slots "
+            "(max batch %d)",
+            in->max_seq_len, in->max_full_context_seqs, in->max_seqs, max_batch);
 }
 
 /* Waits up to seconds for SIGINT/SIGTERM; returns the signal or 0. */

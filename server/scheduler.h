@@ -73,7 +73,7 @@ typedef struct {
     int finish;                    /* SCHED_FINISH_*, set once */
     int n_gen;                     /* generated ids so far */
     double t_admit, t_first, t_end;/* srv_now(); t_first 0 until the first id */
-    char error[256];
+    char error[320];
 } sched_task;
 
 typedef struct sched_client sched_client;

@@ -35,6 +35,19 @@ check(r.status_code == 200 and r.json() == {"status": "ok"}, "health is 200 ok w
 r = requests.get(U + "/v1/models").json()
 check(r["object"] == "list" and r["data"][0]["id"] == os.path.basename(model), "/v1/models lists the model by dir name")
 
+# ---- startup report: pools and capacity (numbers from config.json, not the server) ----
+cfg = json.load(open(os.path.join(model, "config.json")))
+att = cfg["attn"]
+kv_kib = len(att["layers"]) * 2 * att["num_kv_heads"] * att.get("head_dim", cfg["hidden_size"] // att["num_heads"]) * 4 / 1024
+log = srv.log()
+mem = [l for l in log.splitlines() if "memory on cpu:" in l]
+check(len(mem) == 1 and "KV cache pool" in mem[0] and "KDA state pool" in mem[0] and "weights" in mem[0]
+      and "(%.1f KiB/token)" % kv_kib in mem[0], "startup reports weights, KV and state pools (fp32 KV per token on CPU)",
+      log)
+cap = [l for l in log.splitlines() if "capacity: max concurrent sequences at full context" in l]
+check(len(cap) == 1 and "(%d tokens): 32;" % 65536 in cap[0], "startup reports the sequences that fit at full context",
+      log)
+
 text = "héllo, wörld"
 r = post("/tokenize", {"text": text}).json()
 check(r["tokens"] == list(text.encode()), "byte tokenizer: /tokenize gives the UTF-8 bytes", str(r))
