@@ -45,7 +45,7 @@ given() {
 for pair in \
     --model=KDA_MODEL --model-name=KDA_MODEL_NAME --host=KDA_HOST --port=KDA_PORT --device=KDA_DEVICE \
     --threads=KDA_THREADS --max-batch=KDA_MAX_BATCH --max-queue=KDA_MAX_QUEUE \
-    --max-seq-len=KDA_MAX_SEQ_LEN --log-level=KDA_LOG_LEVEL \
+    --max-seq-len=KDA_MAX_SEQ_LEN --gpu-memory-fraction=KDA_GPU_MEMORY_FRACTION --log-level=KDA_LOG_LEVEL \
     --grace-seconds=KDA_GRACE_SECONDS --api-key-file=KDA_API_KEY_FILE \
     --api-key=KDA_API_KEY
 do

@@ -31,7 +31,7 @@
 typedef struct {
     const char *model, *model_name, *host, *device, *api_key, *api_key_file;
     int port, max_batch, max_queue, max_seq_len, threads, http_threads, step_tokens, prefill_chunk;
-    double grace_s, heartbeat_s;
+    double grace_s, heartbeat_s, gpu_mem_fraction;
     long max_body;
 } flags;
 
@@ -49,6 +49,8 @@ static void usage(FILE *f)
         "  --max-queue N          sequences waiting for a slot before 503 (default 256)\n"
         "  --max-seq-len N        per-sequence context, prompt + generated (default: the model's)\n"
         "  --threads N            engine CPU threads, 0 = all cores (default 0)\n"
+        "  --gpu-memory-fraction F  CUDA: share of the free device memory the pool takes at\n"
+        "                         startup (weights, KV cache, state, activations; default 0.9)\n"
         "  --http-threads N       HTTP polling threads (default 4)\n"
         "  --step-tokens N        token budget of one engine step (default 512)\n"
         "  --prefill-chunk N      prompt tokens per sequence per step (default 128)\n"
@@ -130,6 +132,7 @@ static int parse_flags(int argc, char **argv, flags *f)
         else if (!strcmp(a, "--max-body-bytes")) { rc = parse_long(a, v, 1024, 1L << 32, &x); f->max_body = x; }
         else if (!strcmp(a, "--grace-seconds")) rc = parse_double(a, v, 0, 86400, &f->grace_s);
         else if (!strcmp(a, "--heartbeat-seconds")) rc = parse_double(a, v, 0, 3600, &f->heartbeat_s);
+        else if (!strcmp(a, "--gpu-memory-fraction")) rc = parse_double(a, v, 0.01, 1.0, &f->gpu_mem_fraction);
         else {
             fprintf(stderr, "kda-server: unknown flag %s (see --help)\n", a);
             return -1;
@@ -257,7 +260,8 @@ int main(int argc, char **argv)
         goto out;
     }
     kda_engine_opts eo = {.model_dir = model, .device = f.device, .threads = f.threads, .max_seqs = f.max_batch,
-                          .max_seq_len = f.max_seq_len, .verbose = srv_log_level >= SRV_LOG_DEBUG};
+                          .max_seq_len = f.max_seq_len, .gpu_mem_fraction = f.gpu_mem_fraction,
+                          .verbose = srv_log_level >= SRV_LOG_DEBUG};
     int erc = kda_engine_open(&e, &eo, err, sizeof err);
     if (erc) {
         srv_log(SRV_LOG_ERROR, "engine: %s (%s)", err, kda_strerror(erc));

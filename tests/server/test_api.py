@@ -287,4 +287,14 @@ with Server(model, "--api-key-file", keyfile, "--max-body-bytes", "4096") as s2:
     check(requests.post(u + "/generate", json=b, headers={"Authorization": "Bearer s3cret"}).status_code == 200,
           "the server carries on after 413s")
     s2.check_clean_exit("keyed server exits 0")
+
+# ---- the GPU pool size flag: range-checked like every number (ignored by the CPU backend) ----
+from fixture import SERVER  # noqa: E402
+r = subprocess.run([SERVER, "--model", model, "--gpu-memory-fraction", "1.5"], capture_output=True, text=True,
+                   timeout=30)
+check(r.returncode != 0 and "--gpu-memory-fraction" in r.stderr, "--gpu-memory-fraction 1.5 is refused by name",
+      r.stderr[-300:])
+with Server(model, "--gpu-memory-fraction", "0.5") as s3:
+    check(requests.get(s3.url + "/health").status_code == 200, "--gpu-memory-fraction 0.5 starts")
+    s3.check_clean_exit("server with --gpu-memory-fraction exits 0")
 finish()
