@@ -153,4 +153,17 @@ static inline cudaError_t kc_launch(void (*k)(KArgs...), dim3 grid, dim3 block, 
     return cudaLaunchKernelEx(&cfg, k, static_cast<Args &&>(args)...);
 }
 
+/* kc_launch() with the KC_LAUNCH_CHECK contract: a failed launch prints and
+ * makes the calling launcher return -7. */
+#define KC_LAUNCH(...)                                                                             \
+    do {                                                                                           \
+        cudaError_t e_ = kc_launch(__VA_ARGS__);                                                   \
+        if (e_ != cudaSuccess) {                                                                   \
+            (void)cudaGetLastError();                                                              \
+            fprintf(stderr, "%s:%d: kernel launch failed: %s\n", __FILE__, __LINE__,               \
+                    cudaGetErrorString(e_));                                                       \
+            return -7;                                                                             \
+        }                                                                                          \
+    } while (0)
+
 #endif

@@ -13,21 +13,6 @@
 int kc_pdl_on = 0;
 void kc_set_pdl(int on) { kc_pdl_on = on; }
 
-/* kc_launch() (PDL attribute when kc_pdl_on) with the KC_LAUNCH_CHECK contract:
- * a failed launch prints and makes the launcher return -7. Every kernel in
- * this file calls KC_PDL_WAIT() before touching non-weight global memory and
- * never returns before it (cuda_common.cuh). */
-#define KC_LAUNCH(...)                                                                             \
-    do {                                                                                           \
-        cudaError_t e_ = kc_launch(__VA_ARGS__);                                                   \
-        if (e_ != cudaSuccess) {                                                                   \
-            (void)cudaGetLastError();                                                              \
-            fprintf(stderr, "%s:%d: kernel launch failed: %s\n", __FILE__, __LINE__,               \
-                    cudaGetErrorString(e_));                                                       \
-            return -7;                                                                             \
-        }                                                                                          \
-    } while (0)
-
 __global__ void embed_kernel(float *h, const bf16 *E, const int32_t *ids, int D)
 {
     KC_PDL_WAIT();

@@ -197,6 +197,18 @@ static __device__ __forceinline__ void kt_load(float4 *S, const float *Sg, int V
     for (int t = 0; t < NR; t++) S[t] = *(const float4 *)(Sg + (size_t)(rsub + 4 * warp + 32 * t) * V);
 }
 
+/* add the 4 column sums of the lanes that share a column group (lane % 8) */
+static __device__ __forceinline__ void sum_over_rsub(float &a, float &b, float &c, float &d)
+{
+#pragma unroll
+    for (int o = 8; o < 32; o <<= 1) {
+        a += __shfl_xor_sync(0xffffffffu, a, o);
+        b += __shfl_xor_sync(0xffffffffu, b, o);
+        c += __shfl_xor_sync(0xffffffffu, c, o);
+        d += __shfl_xor_sync(0xffffffffu, d, o);
+    }
+}
+
 template <int K, int MINB>
 __global__ void __launch_bounds__(256, MINB) kda_step_tile_kernel(kc_kda_args a)
 {
@@ -300,13 +312,7 @@ __global__ void __launch_bounds__(256, MINB) kda_step_tile_kernel(kc_kda_args a)
                     S[t].x *= e; S[t].y *= e; S[t].z *= e; S[t].w *= e;
                     p0 += S[t].x * kk; p1 += S[t].y * kk; p2 += S[t].z * kk; p3 += S[t].w * kk;
                 }
-#pragma unroll
-                for (int o = 8; o < 32; o <<= 1) {
-                    p0 += __shfl_xor_sync(0xffffffffu, p0, o);
-                    p1 += __shfl_xor_sync(0xffffffffu, p1, o);
-                    p2 += __shfl_xor_sync(0xffffffffu, p2, o);
-                    p3 += __shfl_xor_sync(0xffffffffu, p3, o);
-                }
+                sum_over_rsub(p0, p1, p2, p3);
                 if (rsub == 0) *(float4 *)&red_p[warp][cgp * 4] = make_float4(p0, p1, p2, p3);
                 __syncthreads();
                 float4 u = make_float4(0, 0, 0, 0);
@@ -326,13 +332,7 @@ __global__ void __launch_bounds__(256, MINB) kda_step_tile_kernel(kc_kda_args a)
                     S[t].x += kk * u.x; S[t].y += kk * u.y; S[t].z += kk * u.z; S[t].w += kk * u.w;
                     o0 += S[t].x * qq; o1 += S[t].y * qq; o2 += S[t].z * qq; o3 += S[t].w * qq;
                 }
-#pragma unroll
-                for (int o = 8; o < 32; o <<= 1) {
-                    o0 += __shfl_xor_sync(0xffffffffu, o0, o);
-                    o1 += __shfl_xor_sync(0xffffffffu, o1, o);
-                    o2 += __shfl_xor_sync(0xffffffffu, o2, o);
-                    o3 += __shfl_xor_sync(0xffffffffu, o3, o);
-                }
+                sum_over_rsub(o0, o1, o2, o3);
                 if (rsub == 0) *(float4 *)&red_o[warp][cgp * 4] = make_float4(o0, o1, o2, o3);
                 __syncthreads();
                 float oj = 0.0f, gate = 0.0f;

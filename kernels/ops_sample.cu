@@ -10,20 +10,6 @@
 #include "cuda_common.cuh"
 #include "cuda_ops.h"
 
-/* kc_launch() (PDL attribute when kc_pdl_on); a failed launch prints and
- * returns -7 like KC_LAUNCH_CHECK. The kernel waits on the previous one
- * (KC_PDL_WAIT) before reading anything. */
-#define KC_LAUNCH(...)                                                                             \
-    do {                                                                                           \
-        cudaError_t e_ = kc_launch(__VA_ARGS__);                                                   \
-        if (e_ != cudaSuccess) {                                                                   \
-            (void)cudaGetLastError();                                                              \
-            fprintf(stderr, "%s:%d: kernel launch failed: %s\n", __FILE__, __LINE__,              \
-                    cudaGetErrorString(e_));                                                       \
-            return -7;                                                                             \
-        }                                                                                          \
-    } while (0)
-
 #define SAMPLE_THREADS 1024
 #define SAMPLE_MAX_TOP 64
 
