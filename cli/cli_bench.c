@@ -60,7 +60,7 @@ static int usage(void)
     fprintf(stderr,
             "usage: kda-cli bench MODEL_DIR [--device cuda|cpu] [--pairs CTX:B,...] [--steps N]\n"
             "                     [--json FILE] [--no-kernels] [--mem-fraction F]\n"
-            "  default pairs 128:1,128:16,128:64,128:256,4096:1,4096:64; steps 32\n");
+            "  default pairs 128:1,128:16,128:64,128:256,4096:1,4096:16,4096:64,4096:256; steps 32\n");
     return 2;
 }
 
@@ -113,7 +113,7 @@ int cli_bench(int argc, char **argv)
 {
     if (argc < 1 || argv[0][0] == '-') return usage();
     const char *dir = argv[0], *device = "cuda", *json_path = NULL;
-    const char *pairs_s = "128:1,128:16,128:64,128:256,4096:1,4096:64";
+    const char *pairs_s = "128:1,128:16,128:64,128:256,4096:1,4096:16,4096:64,4096:256";
     int steps = 32, kernels = 1;
     double frac = 0.9;
     for (int i = 1; i < argc; i++) {
