@@ -174,10 +174,13 @@ def kda_chunked(q, k, v, g, beta, S, chunk=64):
 # ---- the model ------------------------------------------------------------------
 
 class RefModel:
-    def __init__(self, d, dtype=torch.float64, kda_mode="recurrent"):
+    def __init__(self, d, dtype=torch.float64, kda_mode="recurrent", bf16_act=False):
+        """bf16_act: round activations to bf16 where the CUDA backend stores them
+        (GEMM inputs after RMSNorm, the KDA and GQA mixer outputs, the SwiGLU
+        product, K/V as cached) -- the scale of difference bf16 storage alone makes."""
         with open(os.path.join(d, "config.json")) as fh:
             self.cfg = Config(json.load(fh))
-        self.dtype, self.kda_mode = dtype, kda_mode
+        self.dtype, self.kda_mode, self.bf16_act = dtype, kda_mode, bf16_act
         self.store = st.TensorStore(d)
         self.scheme = self._detect_scheme()
         c = self.cfg
@@ -186,6 +189,10 @@ class RefModel:
         self.cache = {}
         self.cache_dtype = dtype if n * esize <= FULL_CACHE else torch.float32 if n * 4 <= F32_CACHE else None
         self._check_shapes()
+
+    def act(self, x):
+        """x, rounded to bf16 (round to nearest even) when emulating bf16 storage"""
+        return x.to(torch.bfloat16).to(x.dtype) if self.bf16_act else x
 
     # names ------------------------------------------------------------------------
     def _detect_scheme(self):
@@ -304,7 +311,7 @@ class RefModel:
         o, s["S"] = run(q, k, v, g, beta, s["S"])
         G = (a @ W("g_proj.0.weight").T) @ W("g_proj.1.weight").T + W("g_proj.1.bias")
         y = rms_norm(o, W("o_norm.weight"), c.eps) * torch.sigmoid(G.view(T, H, V))
-        return y.reshape(T, H * V) @ W("o_proj.weight").T
+        return self.act(y.reshape(T, H * V)) @ W("o_proj.weight").T
 
     def gqa(self, i, a, s, pos):
         c, m = self.cfg, self.name("mixer", i)
@@ -328,6 +335,7 @@ class RefModel:
         p = torch.arange(pos, pos + T)
         q = rope(q, p, c.rope_dim, c.rope_theta)
         k = rope(k, p, c.rope_dim, c.rope_theta)
+        k, v = self.act(k), self.act(v)                                # as cached
         s["k"] = torch.cat([s["k"], k.transpose(0, 1)], dim=1)         # [Hkv, pos+T, hd]
         s["v"] = torch.cat([s["v"], v.transpose(0, 1)], dim=1)
         rep = Hq // Hkv                                                # query head h uses KV head h // rep
@@ -340,7 +348,7 @@ class RefModel:
         o = torch.einsum("htn,hnd->thd", torch.softmax(sc, dim=-1), Vc).reshape(T, Hq * hd)
         if gate is not None:
             o = o * gate
-        return o @ W("o_proj.weight").T
+        return self.act(o) @ W("o_proj.weight").T
 
     def forward(self, tokens, state=None):
         """tokens: list of ids. Returns (logits [T, vocab] in the compute dtype, state)."""
@@ -355,17 +363,17 @@ class RefModel:
         pos = state["pos"]
         h = self.W(self.name("embed"))[toks]
         for i, kind in enumerate(c.kinds):
-            a = rms_norm(h, self.W(self.name("attn_norm", i)), c.eps)
+            a = self.act(rms_norm(h, self.W(self.name("attn_norm", i)), c.eps))
             if kind == "K":
                 h = h + self.kda(i, a, state["layers"][i])
             else:
                 h = h + self.gqa(i, a, state["layers"][i], pos)
-            mm = rms_norm(h, self.W(self.name("mlp_norm", i)), c.eps)
+            mm = self.act(rms_norm(h, self.W(self.name("mlp_norm", i)), c.eps))
             mp = self.name("mlp", i)
             act = torch.nn.functional.silu(mm @ self.W(mp + "gate_proj.weight").T) * \
                 (mm @ self.W(mp + "up_proj.weight").T)
-            h = h + act @ self.W(mp + "down_proj.weight").T
-        h = rms_norm(h, self.W(self.name("final_norm")), c.eps)
+            h = h + self.act(act) @ self.W(mp + "down_proj.weight").T
+        h = self.act(rms_norm(h, self.W(self.name("final_norm")), c.eps))
         head = self.W(self.name("embed") if c.tied else self.name("lm_head"))
         state["pos"] = pos + len(toks)
         return h @ head.T, state

@@ -36,9 +36,9 @@ def argmax_lowest(row):
     return int(np.argmax(row.detach().cpu().numpy()))
 
 
-def run(ckpt, tokens=None, text=None, greedy=0, fp32=False, chunked=False, logits_out=None):
+def run(ckpt, tokens=None, text=None, greedy=0, fp32=False, chunked=False, logits_out=None, bf16_act=False):
     m = RefModel(ckpt, dtype=torch.float32 if fp32 else torch.float64,
-                 kda_mode="chunked" if chunked else "recurrent")
+                 kda_mode="chunked" if chunked else "recurrent", bf16_act=bf16_act)
     if text is not None:
         tokens = encode_text(ckpt, m.cfg, text)
     if not tokens:
@@ -71,9 +71,11 @@ def main():
     ap.add_argument("--fp32", action="store_true", help="compute in float32 instead of float64")
     ap.add_argument("--chunked", action="store_true", help="chunked KDA form instead of per-token")
     ap.add_argument("--logits-out", help="write [T, vocab] teacher-forced logits as raw fp32")
+    ap.add_argument("--bf16-act", action="store_true",
+                    help="round activations to bf16 where the CUDA backend stores them (kda-cli: KDA_CPU_BF16_ACT=1)")
     a = ap.parse_args()
     toks = [int(x) for x in a.tokens.split(",") if x.strip()] if a.tokens else None
-    out = run(a.ckpt, toks, a.text, a.greedy, a.fp32, a.chunked, a.logits_out)
+    out = run(a.ckpt, toks, a.text, a.greedy, a.fp32, a.chunked, a.logits_out, a.bf16_act)
     if a.json:
         print(json.dumps(out))
     else:

@@ -59,6 +59,37 @@ def compare(name, ckpt, tokens, greedy=8):
     return not errs
 
 
+def bf16_act_case(name, ckpt, rnd, vocab, n_prompts=7, length=8):
+    """KDA_CPU_BF16_ACT=1 (the C backend rounding activations where the CUDA
+    backend stores bf16: the yardstick of the GPU whole-model tests) against
+    reference.py --bf16-act (the same rounding points, float64 PyTorch).
+    Until some activation lies within fp32 noise of a bf16 rounding boundary,
+    the two agree to the fp32 tolerance; after such a flip a random-weight
+    model carries the 1-ulp difference on (measured: ~1e-2 nats, the size of
+    the rounding effect itself). So: over several short prompts, the median
+    worst |dlogp| must be within TOL, while rounding moves the result by far
+    more than TOL (it really happens). (One llama-tiny prompt starting with
+    BOS showed such a flip at position 0.)"""
+    worsts, moves = [], []
+    env = dict(os.environ, KDA_CPU_BF16_ACT="1")
+    for _ in range(n_prompts):
+        # no shared first token: a near-tie there would repeat in every prompt
+        toks = ",".join(map(str, [rnd.randrange(vocab) for _ in range(length)]))
+        ref = json.loads(run([PY, os.path.join(SRC, "scripts", "reference.py"), ckpt, "--tokens", toks, "--json",
+                              "--bf16-act"]))
+        r = subprocess.run([CLI, "score", ckpt, "--tokens", toks, "--json"], capture_output=True, text=True, env=env)
+        ours = json.loads(r.stdout)
+        plain = json.loads(run([CLI, "score", ckpt, "--tokens", toks, "--json"]))
+        worsts.append(max(abs(a - b) for a, b in zip(ours["token_logprobs"], ref["token_logprobs"])))
+        moves.append(max(abs(a - b) for a, b in zip(ours["token_logprobs"], plain["token_logprobs"])))
+    med = sorted(worsts)[len(worsts) // 2]
+    moved = sorted(moves)[len(moves) // 2]
+    good = med <= TOL and moved > 20 * TOL
+    print(f"{name + ' bf16-act emulation':45s} {n_prompts} x T={length} median max|dlp|={med:.2e} "
+          f"(rounding moves it {moved:.2e}) {'ok' if good else 'FAIL'}", flush=True)
+    return good
+
+
 def rename_checkpoint(src, dst, rename, misalign=0):
     """Copies a single-file checkpoint with every tensor renamed (data untouched);
     misalign > 0 shifts the data section by that many bytes off 8-byte alignment."""
@@ -123,6 +154,8 @@ def main():
             run([PY, os.path.join(SRC, "scripts", "gen_checkpoint.py"), d] + args.split())
             vocab = json.load(open(os.path.join(d, "config.json")))["vocab_size"]
             ok &= compare(name, d, [1] + [rnd.randrange(vocab) for _ in range(23)])
+            if i in (0, 4):  # both families: the bf16 storage emulation of the CPU backend
+                ok &= bf16_act_case(name, d, rnd, vocab)
             if i == 0:  # the chunked prefill path and chunk boundaries
                 ok &= compare(name + " (chunked prefill)", d, [1] + [rnd.randrange(vocab) for _ in range(149)])
                 ok &= name_map_case(tmp, d)
