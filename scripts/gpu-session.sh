@@ -6,27 +6,17 @@
 # logs are packed into $OUT/logs.tgz; the results file is $OUT/results.json,
 # to be committed under bench/results/.
 # Time: about 7-9 minutes; KDA_SESSION_SKIP=tests|bench skips a part.
-set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/kda-out}
-LOG=/tmp/kda-logs
-rm -rf "$LOG"; mkdir -p "$OUT" "$LOG"
-# the carried libraries for our programs only (system curl must keep its own)
-export KDA_LIB_PATH=$PWD/.carry/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-ours() { LD_LIBRARY_PATH=$KDA_LIB_PATH "$@"; }
-export PYTHONUNBUFFERED=1
+source "$(dirname "$0")/gpu-env.sh"
 export KDA_COMMIT=${KDA_COMMIT:-$(cat .carry/commit 2>/dev/null || echo unknown)}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   && export PYTHONPATH=/tmp/site
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$LOG/gpu.txt"
-M17=/tmp/kda-1.7b
 ( time python3 scripts/gen_checkpoint.py "$M17" --preset 1.7b --tokenizer none ) > "$LOG/gen.txt" 2>&1 &
 gen_pid=$!
-B=.carry/build
 rc=0
 step() { echo "== $1: $2"; }
 if [ "${KDA_SESSION_SKIP:-}" != tests ]; then
-  KDA_SRC=$PWD KDA_BUILD=$PWD/$B ours timeout 150 $B/tests/kernels/test_kernels > "$LOG/test_kernels.txt" 2>&1
+  ours timeout 150 $B/tests/kernels/test_kernels > "$LOG/test_kernels.txt" 2>&1
   r=$?; [ $r = 0 ] || rc=1; step test_kernels "rc=$r"; grep -E "PASSED|FAILED|ERROR|\[  FAILED|fail" "$LOG/test_kernels.txt" | tail -15
   ours timeout 240 compute-sanitizer --tool memcheck --leak-check no --error-exitcode 3 $B/tests/kernels/test_kernels \
     > "$LOG/memcheck.txt" 2>&1
@@ -49,7 +39,7 @@ PY
   cat "$LOG/server_check.txt"; grep -iE "memory|pool|weights|concurrent|error" "$LOG/server.txt" | head -8
   echo "$gotsse" | head -c 600 > "$LOG/server_sse.txt"
   wait $gen_pid
-  KDA_SRC=$PWD KDA_BUILD=$PWD/$B KDA_TEST_MODEL_17B=$M17 ours timeout 300 $B/tests/kernels/test_cuda_model \
+  ours KDA_TEST_MODEL_17B=$M17 timeout 300 $B/tests/kernels/test_cuda_model \
     > "$LOG/test_cuda_model.txt" 2>&1
   r=$?; [ $r = 0 ] || rc=1; step test_cuda_model "rc=$r"; grep -E "PASSED|FAILED|positions|cuda vs|bf16-act vs|vs alone|reuse" "$LOG/test_cuda_model.txt" | tail -30
 fi

@@ -8,37 +8,29 @@
 #   KDA_CUDA_GEMM_LT=0      plain cublasGemmEx instead of the tuned cuBLASLt plans
 #   KDA_CUDA_GRAPHS=0       no CUDA graphs
 # Logs: $OUT/variants.txt (summary) and $OUT/logs.tgz.
-set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/kda-out}
-LOG=/tmp/kda-logs
-rm -rf "$LOG"; mkdir -p "$OUT" "$LOG"
-export KDA_LIB_PATH=$PWD/.carry/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-B=.carry/build
-M17=/tmp/kda-1.7b
-run() { env LD_LIBRARY_PATH=$KDA_LIB_PATH KDA_SRC=$PWD KDA_BUILD=$PWD/$B "$@"; }
+source "$(dirname "$0")/gpu-env.sh"
 {
   python3 scripts/gen_checkpoint.py "$M17" --preset 1.7b --tokenizer none > "$LOG/gen.txt" 2>&1 &
   gen_pid=$!
   echo "== test_kernels"
-  run timeout 150 $B/tests/kernels/test_kernels > "$LOG/tk.txt" 2>&1; echo "rc=$?"
+  ours timeout 150 $B/tests/kernels/test_kernels > "$LOG/tk.txt" 2>&1; echo "rc=$?"
   grep -E "PASSED|FAILED|variant" "$LOG/tk.txt"
   [ "${KDA_VARIANTS_MEMCHECK:-1}" = 0 ] || { echo "== memcheck test_kernels"
-  run timeout 240 compute-sanitizer --tool memcheck --leak-check no --error-exitcode 3 $B/tests/kernels/test_kernels \
+  ours timeout 240 compute-sanitizer --tool memcheck --leak-check no --error-exitcode 3 $B/tests/kernels/test_kernels \
     > "$LOG/memcheck.txt" 2>&1; echo "rc=$?"
   grep -E "ERROR SUMMARY|PASSED|FAILED" "$LOG/memcheck.txt" | tail -4; }
   wait $gen_pid
   for v in "" ${KDA_VARIANTS_MODEL-"KDA_KDA_TILED=1"}; do
     echo "== test_cuda_model ${v:-defaults} (with the 1.7B case)"
-    run $v KDA_TEST_MODEL_17B=$M17 timeout 240 $B/tests/kernels/test_cuda_model > "$LOG/tcm.txt" 2>&1; echo "rc=$?"
+    ours $v KDA_TEST_MODEL_17B=$M17 timeout 240 $B/tests/kernels/test_cuda_model > "$LOG/tcm.txt" 2>&1; echo "rc=$?"
     grep -E "positions|cuda vs|bf16-act vs|vs alone|reuse|PASSED|FAILED" "$LOG/tcm.txt" | head -40
     cat "$LOG/tcm.txt" >> "$LOG/tcm_all.txt"
   done
   echo "== bench defaults"
-  run timeout 150 $B/cli/kda-cli bench "$M17" --json "$OUT/ours.json" 2>&1 | grep -E "kda|attn|gemv T=1|decode|cuda:"
+  ours timeout 150 $B/cli/kda-cli bench "$M17" --json "$OUT/ours.json" 2>&1 | grep -E "kda|attn|gemv T=1|decode|cuda:"
   for v in ${KDA_VARIANTS_BENCH-"KDA_KDA_TILED=1" "KDA_KDA_TILED=1,KDA_KDA_TILE_OCC=3" "KDA_GEMV_PERSIST=0" "KDA_PDL=0"}; do
     echo "== bench $v (decode only)"
-    run ${v//,/ } timeout 100 $B/cli/kda-cli bench "$M17" --no-kernels 2>&1 | grep -E "decode B"
+    ours ${v//,/ } timeout 100 $B/cli/kda-cli bench "$M17" --no-kernels 2>&1 | grep -E "decode B"
   done
 } 2>&1 | tee "$OUT/variants.txt"
 tar czf "$OUT/logs.tgz" -C /tmp kda-logs

@@ -393,6 +393,23 @@ static int read_input(const api_ctx *ctx, const cJSON *v, const char *name, int 
     return in->text ? 0 : fail(e, 500, "out of memory");
 }
 
+/* Each element of the JSON array arr into ins[i], named "FIELD[i]" in errors;
+ * strings_only: every element must be a string (else text or token ids). */
+static int read_input_list(const api_ctx *ctx, const cJSON *arr, const char *field, int add_bos, int bos_given,
+                           int strings_only, input *ins, api_error *e)
+{
+    int i = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, arr) {
+        char name[48];
+        snprintf(name, sizeof name, "%s[%d]", field, i);
+        if (strings_only && !cJSON_IsString(it)) return fail(e, 400, "\"%s\" must be a string", name);
+        if (read_input(ctx, it, name, add_bos, bos_given, &ins[i], e)) return -1;
+        i++;
+    }
+    return 0;
+}
+
 static void inputs_free(input *ins, int n)
 {
     if (!ins) return;
@@ -460,15 +477,7 @@ static int parse_score(const api_ctx *ctx, const cJSON *o, api_job *j, api_error
     if (!ins) return fail(e, 500, "out of memory");
     j->single = !texts;
     if (texts) {
-        int i = 0;
-        const cJSON *it;
-        cJSON_ArrayForEach(it, texts) {
-            char name[32];
-            snprintf(name, sizeof name, "texts[%d]", i);
-            if (!cJSON_IsString(it)) { fail(e, 400, "\"%s\" must be a string", name); goto out; }
-            if (read_input(ctx, it, name, add_bos, 1, &ins[i], e)) goto out;
-            i++;
-        }
+        if (read_input_list(ctx, texts, "texts", add_bos, 1, 1, ins, e)) goto out;
     } else if (read_input(ctx, text ? text : toks, text ? "text" : "tokens", add_bos, text ? 1 : bos_given, &ins[0], e)) {
         goto out;
     }
@@ -536,14 +545,7 @@ static int parse_completions(const api_ctx *ctx, const cJSON *o, api_job *j, api
     ins = calloc((size_t)n_in, sizeof *ins);
     if (!ins) { fail(e, 500, "out of memory"); goto out; }
     if (list_of_prompts) {
-        int i = 0;
-        const cJSON *it;
-        cJSON_ArrayForEach(it, p) {
-            char name[32];
-            snprintf(name, sizeof name, "prompt[%d]", i);
-            if (read_input(ctx, it, name, 1, 0, &ins[i], e)) goto out;
-            i++;
-        }
+        if (read_input_list(ctx, p, "prompt", 1, 0, 0, ins, e)) goto out;
     } else if (read_input(ctx, p, "prompt", 1, 0, &ins[0], e)) {
         goto out;
     }
