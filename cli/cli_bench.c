@@ -18,8 +18,7 @@
 
 #include "cli.h"
 #include "engine.h"
-
-int cuda_bench_kernels(FILE *json, FILE *table); /* kernels/cuda_bench.cu or the stub */
+#include "kc_bench.h"
 
 static double now_s(void)
 {
@@ -59,7 +58,7 @@ static int usage(void)
 {
     fprintf(stderr,
             "usage: kda-cli bench MODEL_DIR [--device cuda|cpu] [--pairs CTX:B,...] [--steps N]\n"
-            "                     [--json FILE] [--no-kernels] [--mem-fraction F]\n"
+            "                     [--json FILE] [--no-kernels] [--mem-fraction F] [--tuning k=v,...]\n"
             "  default pairs 128:1,128:16,128:64,128:256,4096:1,4096:16,4096:64,4096:256; steps 32\n");
     return 2;
 }
@@ -112,7 +111,7 @@ done:
 int cli_bench(int argc, char **argv)
 {
     if (argc < 1 || argv[0][0] == '-') return usage();
-    const char *dir = argv[0], *device = "cuda", *json_path = NULL;
+    const char *dir = argv[0], *device = "cuda", *json_path = NULL, *tuning = NULL;
     const char *pairs_s = "128:1,128:16,128:64,128:256,4096:1,4096:16,4096:64,4096:256";
     int steps = 32, kernels = 1;
     double frac = 0.9;
@@ -123,6 +122,7 @@ int cli_bench(int argc, char **argv)
         else if (!strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
         else if (!strcmp(argv[i], "--mem-fraction") && i + 1 < argc) frac = atof(argv[++i]);
         else if (!strcmp(argv[i], "--no-kernels")) kernels = 0;
+        else if (!strcmp(argv[i], "--tuning") && i + 1 < argc) tuning = argv[++i];
         else return usage();
     }
     bench_pair pairs[64];
@@ -137,24 +137,32 @@ int cli_bench(int argc, char **argv)
         if (*p == ',') p++;
     }
     if (steps < 1) return usage();
-    FILE *json = json_path ? fopen(json_path, "w") : NULL;
-    if (json_path && !json) {
-        perror(json_path);
-        return 1;
-    }
-    if (json) fprintf(json, "{\n");
+    kc_bench_row krows[32];
+    int nk = 0;
     if (kernels && !strcmp(device, "cuda")) {
         printf("per-kernel bandwidth (1.7B shapes):\n");
-        if (cuda_bench_kernels(json, stdout)) fprintf(stderr, "kernel benchmark unavailable or failed\n");
+        nk = kc_bench_kernels(krows, 32);
+        if (nk < 0) {
+            fprintf(stderr, "kernel benchmark unavailable or failed\n");
+            nk = 0;
+        }
+        for (int i = 0; i < nk; i++)
+            printf("  %-44s %8.4f ms %9.1f MB %6.3f TB/s %5.1f%% of copy\n", krows[i].name, krows[i].ms,
+                   krows[i].bytes / 1e6, krows[i].tbps, 100 * krows[i].of_copy);
+    }
+    kda_tuning tn;
+    char err[512];
+    kda_tuning_defaults(&tn);
+    if (kda_tuning_from_env(&tn, err, sizeof err) || kda_tuning_parse(&tn, tuning, err, sizeof err)) {
+        fprintf(stderr, "bench: %s\n", err);
+        return 2;
     }
     kda_engine_opts o = {.model_dir = dir, .device = device, .max_seqs = max_b, .max_seq_len = max_ctx + steps + 8,
-                         .gpu_mem_fraction = frac, .verbose = 1};
+                         .gpu_mem_fraction = frac, .tuning = &tn, .verbose = 1};
     kda_engine *e = NULL;
-    char err[512];
     int rc = kda_engine_open(&e, &o, err, sizeof err);
     if (rc) {
         fprintf(stderr, "bench: %s\n", err);
-        if (json) fclose(json);
         return 1;
     }
     const kda_model_info *mi = kda_engine_info(e);
@@ -176,9 +184,24 @@ int cli_bench(int argc, char **argv)
                pairs[i].ms, pairs[i].B / pairs[i].ms * 1e3, mi->weight_bytes / pairs[i].ms / 1e6);
         fflush(stdout);
     }
+    FILE *json = json_path ? fopen(json_path, "w") : NULL;
+    if (json_path && !json) {
+        perror(json_path);
+        kda_engine_close(e);
+        return 1;
+    }
     if (json) {
+        fprintf(json, "{\n  \"kernels\": [");
+        for (int i = 0; i < nk; i++)
+            fprintf(json, "%s\n    {\"kernel\": \"%s\", \"ms\": %.4f, \"MB\": %.1f, \"TBps\": %.3f, \"of_copy\": %.3f}",
+                    i ? "," : "", krows[i].name, krows[i].ms, krows[i].bytes / 1e6, krows[i].tbps, krows[i].of_copy);
+        fprintf(json, "\n  ],\n");
+        if (nk) fprintf(json, "  \"copy_TBps\": %.3f,\n", krows[0].tbps);
         fprintf(json, "  \"device\": \"%s\",\n  \"params\": %lld,\n  \"weight_bytes\": %zu,\n  \"steps\": %d,\n",
                 mi->device_name, (long long)mi->n_params, mi->weight_bytes, steps);
+        fprintf(json, "  \"tuning\": \"");
+        kda_tuning_describe(&tn, json);
+        fprintf(json, "\",\n");
         if (read_gbs > 0)
             fprintf(json, "  \"cpu_ceiling\": {\"read_GBps\": %.2f, \"memcpy_GBps\": %.2f},\n", read_gbs, copy_gbs);
         fprintf(json, "  \"decode\": [");

@@ -20,7 +20,7 @@
 #define SCORE_CHUNK 512   /* tokens per engine step when scoring long texts */
 
 typedef struct {
-    const char *dir, *device, *tokens, *text, *name_map;
+    const char *dir, *device, *tokens, *text, *name_map, *tuning;
     int json, max_tokens, top_k, seed_set, threads, no_bos, ignore_eos, verbose, max_seq_len;
     float temperature, top_p, min_p, rep_pen, pres_pen, freq_pen;
     uint64_t seed;
@@ -39,7 +39,11 @@ static void usage(FILE *f)
             "        [--frequency-penalty F] [--seed S] [--ignore-eos] [--json]\n"
             "  tokenize DIR --text T [--bos] [--json]       detokenize DIR --ids 1,2,3 [--json]\n"
             "  bench DIR [...]                              decode/prefill benchmark (kda-cli bench --help)\n"
-            "common options: --device cpu|cuda|auto  --threads N  --max-seq-len N  --verbose\n");
+            "common options: --device cpu|cuda|auto  --threads N  --max-seq-len N  --verbose\n"
+            "  --tuning k=v,...  kernel variants and switches (also from $KDA_TUNING; --tuning wins):\n"
+            "                    gemv_max_t graphs pdl gemm_lt gemm_verbose gemm_tune_flush gemm_splitk\n"
+            "                    gemv_persist kda_tiled kda_tile_occ\n"
+            "                    kda_tile_clusters attn_split cpu_bf16_act (bench/NOTES.md says what each does)\n");
 }
 
 static int parse_int(const char *s, const char *flag, long lo, long hi, long *out)
@@ -88,6 +92,7 @@ static int parse_opts(int argc, char **argv, cli_opts *o)
         else if (!strcmp(a, "--tokens")) { NEEDV(); o->tokens = v; }
         else if (!strcmp(a, "--text")) { NEEDV(); o->text = v; }
         else if (!strcmp(a, "--name-map")) { NEEDV(); o->name_map = v; }
+        else if (!strcmp(a, "--tuning")) { NEEDV(); o->tuning = v; }
         else if (!strcmp(a, "--max-tokens")) { NEEDV(); if (parse_int(v, a, 0, 1 << 24, &n)) return -1; o->max_tokens = (int)n; }
         else if (!strcmp(a, "--threads")) { NEEDV(); if (parse_int(v, a, 0, 1024, &n)) return -1; o->threads = (int)n; }
         else if (!strcmp(a, "--max-seq-len")) { NEEDV(); if (parse_int(v, a, 1, INT_MAX, &n)) return -1; o->max_seq_len = (int)n; }
@@ -144,8 +149,15 @@ static kda_engine *open_engine(const cli_opts *o)
 {
     char err[512];
     kda_engine *e;
+    kda_tuning tn;
+    kda_tuning_defaults(&tn);
+    if (kda_tuning_from_env(&tn, err, sizeof err) || kda_tuning_parse(&tn, o->tuning, err, sizeof err)) {
+        fprintf(stderr, "kda-cli: %s\n", err);
+        return NULL;
+    }
     kda_engine_opts eo = {.model_dir = o->dir, .device = o->device, .threads = o->threads, .max_seqs = 1,
-                          .max_seq_len = o->max_seq_len, .name_map = o->name_map, .verbose = o->verbose};
+                          .max_seq_len = o->max_seq_len, .name_map = o->name_map, .tuning = &tn,
+                          .verbose = o->verbose};
     if (kda_engine_open(&e, &eo, err, sizeof err)) {
         fprintf(stderr, "kda-cli: %s: %s\n", o->dir, err);
         return NULL;
@@ -289,7 +301,7 @@ static int cmd_generate(const cli_opts *o)
     kda_sampling sp = {.temperature = o->temperature, .top_k = o->top_k, .top_p = o->top_p, .min_p = o->min_p,
                        .repetition_penalty = o->rep_pen, .presence_penalty = o->pres_pen,
                        .frequency_penalty = o->freq_pen, .seed = o->seed_set ? o->seed : (uint64_t)time(NULL),
-                       .prompt_tokens = ids, .n_prompt = n, .gen_tokens = gen};
+                       .n_prompt = n};
     double t0 = now_s(), t_first = 0;
     /* prompt in chunks; the last chunk samples the first token */
     int32_t next = -1;
@@ -306,7 +318,6 @@ static int cmd_generate(const cli_opts *o)
     t_first = now_s();
     while (n_gen < o->max_tokens) {
         gen[n_gen++] = next;
-        sp.n_gen = n_gen;
         if ((!o->ignore_eos && next == info->eos_id) || n_gen == o->max_tokens) break;
         kda_batch_item it = {.seq = seq, .tokens = &next, .n_tokens = 1, .sampling = &sp, .sampled = &next};
         if (kda_engine_step(e, &it, 1, err, sizeof err)) {

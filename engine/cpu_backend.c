@@ -59,10 +59,14 @@ typedef struct {
     layer_vecs *vec;
     float *final_norm;
     cpu_slot *slots;
-    /* step scratch, grown on demand */
+    /* step scratch: grows to the largest step seen (a step's rows are not
+     * bounded by anything the backend knows) and is reused; offsets and the
+     * sampler's workspace are sized at create */
     float *scratch;
     size_t scratch_floats;
-    /* KDA_CPU_BF16_ACT=1: round activations to bf16 where the CUDA backend
+    int *off;               /* [max_seqs + 1] row offset of each item */
+    void *sample_work;      /* sampling_work_bytes(vocab), zeroed once */
+    /* tuning cpu_bf16_act=1: round activations to bf16 where the CUDA backend
      * stores them in bf16 (GEMM inputs after RMSNorm, KDA/GQA mixer outputs,
      * the SwiGLU product, K/V cache entries). Tests use it to tell how much
      * of a CUDA-vs-CPU difference bf16 storage alone causes. */
@@ -86,16 +90,8 @@ static float *vec_dup(const tensor_view *t)
     return v;
 }
 
-static size_t slot_state_floats(const cpu_backend *b)
-{
-    const model_config *c = b->c;
-    return (size_t)b->n_kda * c->kda_h * c->kda_k * c->kda_v;
-}
-static size_t slot_tail_floats(const cpu_backend *b)
-{
-    const model_config *c = b->c;
-    return (size_t)b->n_kda * (c->conv_size - 1) * (2 * c->kda_h * c->kda_k + c->kda_h * c->kda_v);
-}
+static size_t slot_state_floats(const cpu_backend *b) { return (size_t)b->n_kda * model_kda_layer_state_floats(b->c); }
+static size_t slot_tail_floats(const cpu_backend *b) { return (size_t)b->n_kda * model_kda_layer_tail_floats(b->c); }
 static size_t slot_kv_floats(const cpu_backend *b)
 {
     const model_config *c = b->c;
@@ -301,23 +297,37 @@ static size_t layer_scratch(const model_config *c, int N)
 }
 
 /* Writes the requested outputs of one row's logits. */
-static void emit_row(const kda_batch_item *it, int t, const float *logits, int vocab, float *work)
+static void emit_row(cpu_backend *b, const step_item *si, int t, const float *logits)
 {
-    const int last = t == it->n_tokens - 1;
+    const kda_batch_item *it = si->it;
+    const int vocab = b->c->vocab, last = t == it->n_tokens - 1;
     float lse = logsumexp_f32(logits, vocab);
     if (it->logits && (it->want_all_logits || last))
         memcpy(it->logits + (it->want_all_logits ? (size_t)t * vocab : 0), logits, (size_t)vocab * sizeof(float));
     if (it->targets && it->target_logprobs) {
         int32_t tg = it->targets[t];
-        it->target_logprobs[t] = tg >= 0 && tg < vocab ? logits[tg] - lse : 0.0f;
+        it->target_logprobs[t] = tg >= 0 ? logits[tg] - lse : 0.0f;
     }
+    if (it->n_top > 0 && it->pos_top_ids && it->pos_top_logprobs)
+        sampling_top_n(logits, vocab, lse, it->n_top, it->pos_top_ids + (size_t)t * it->n_top,
+                       it->pos_top_logprobs + (size_t)t * it->n_top);
     if (last && it->sampling) {
-        int32_t tok = sampling_draw(logits, vocab, it->sampling, work);
+        int32_t tok = sampling_draw(logits, vocab, it->sampling, si->hist, si->pos + it->n_tokens, b->sample_work);
         if (it->sampled) *it->sampled = tok;
         if (it->sampled_logprob) *it->sampled_logprob = logits[tok] - lse;
         if (it->n_top > 0 && it->top_ids && it->top_logprobs)
             sampling_top_n(logits, vocab, lse, it->n_top, it->top_ids, it->top_logprobs);
     }
+}
+
+/* Rows of an item whose logits are needed: all of them for per-position
+ * outputs, else the last one when it samples or returns logits. */
+static int first_out_row(const kda_batch_item *it)
+{
+    const int all = it->want_all_logits || (it->targets && it->target_logprobs) ||
+                    (it->n_top > 0 && it->pos_top_ids && it->pos_top_logprobs);
+    if (all) return 0;
+    return it->logits || it->sampling ? it->n_tokens - 1 : it->n_tokens;
 }
 
 static int cpu_step(backend *bb, const step_item *items, int n, char *err, size_t errlen)
@@ -329,15 +339,14 @@ static int cpu_step(backend *bb, const step_item *items, int n, char *err, size_
     /* per calling thread: the server steps from its scheduler thread, not the opener */
     omp_set_num_threads(b->threads);
 #endif
-    int *off = malloc((size_t)(n + 1) * sizeof(int));
-    if (!off) goto oom;
+    int *off = b->off;
     int N = 0;
     for (int i = 0; i < n; i++) {
         off[i] = N;
         N += items[i].it->n_tokens;
     }
     off[n] = N;
-    size_t need = (size_t)2 * N * D + layer_scratch(c, N) + (size_t)LOGIT_ROWS * (D + vocab) + 2 * (size_t)vocab;
+    size_t need = (size_t)2 * N * D + layer_scratch(c, N) + (size_t)LOGIT_ROWS * (D + vocab);
     float *x = scratch_get(b, need);
     if (!x) goto oom;
     float *a = x + (size_t)N * D, *buf = a + (size_t)N * D;
@@ -358,27 +367,21 @@ static int cpu_step(backend *bb, const step_item *items, int n, char *err, size_
     }
 
     /* Output rows: all rows of items that want per-position outputs, else the last. */
-    float *hn = buf, *lg = hn + (size_t)LOGIT_ROWS * D, *work = lg + (size_t)LOGIT_ROWS * vocab;
+    float *hn = buf, *lg = hn + (size_t)LOGIT_ROWS * D;
     for (int i = 0; i < n; i++) {
         const kda_batch_item *it = items[i].it;
-        int all = it->want_all_logits || (it->targets && it->target_logprobs);
-        int need_last = it->logits || it->sampling;
-        if (!all && !need_last) continue;
-        int t0 = all ? 0 : it->n_tokens - 1;
-        for (int t = t0; t < it->n_tokens; t += LOGIT_ROWS) {
+        for (int t = first_out_row(it); t < it->n_tokens; t += LOGIT_ROWS) {
             int rows = it->n_tokens - t < LOGIT_ROWS ? it->n_tokens - t : LOGIT_ROWS;
             for (int r = 0; r < rows; r++)
                 rmsnorm_f32(hn + (size_t)r * D, x + (size_t)(off[i] + t + r) * D, b->final_norm, D, c->norm_eps);
             act_round(b, hn, (size_t)rows * D);
             matmul_tv(lg, hn, &b->w->lm_head, rows);
-            for (int r = 0; r < rows; r++) emit_row(it, t + r, lg + (size_t)r * vocab, vocab, work);
+            for (int r = 0; r < rows; r++) emit_row(b, &items[i], t + r, lg + (size_t)r * vocab);
         }
     }
-    free(off);
     return 0;
 oom:
-    free(off);
-    snprintf(err, errlen, "out of host memory for a step of this size");
+    snprintf(err, errlen, "out of host memory for a step of %d rows", N);
     return KDA_ENOMEM;
 }
 
@@ -399,6 +402,8 @@ static void cpu_destroy(backend *bb)
     free(b->final_norm);
     free(b->slots);
     free(b->scratch);
+    free(b->off);
+    free(b->sample_work);
     free(b);
 }
 
@@ -406,7 +411,6 @@ int cpu_backend_create(backend **out, const backend_params *p, char *err, size_t
 {
     cpu_backend *b = calloc(1, sizeof *b);
     if (!b) goto oom;
-    b->base.name = "cpu";
     b->base.device_name = "cpu";
     b->base.seq_reset = cpu_seq_reset;
     b->base.step = cpu_step;
@@ -415,10 +419,7 @@ int cpu_backend_create(backend **out, const backend_params *p, char *err, size_t
     b->w = p->w;
     b->max_seqs = p->max_seqs;
     b->cap = p->max_seq_len;
-    {
-        const char *ba = getenv("KDA_CPU_BF16_ACT");
-        b->bf16_act = ba && !strcmp(ba, "1");
-    }
+    b->bf16_act = p->tuning.cpu_bf16_act;
 #ifdef _OPENMP
     b->threads = p->threads > 0 ? p->threads : omp_get_num_procs();
 #endif
@@ -434,7 +435,9 @@ int cpu_backend_create(backend **out, const backend_params *p, char *err, size_t
     b->slots = calloc((size_t)b->max_seqs, sizeof *b->slots);
     b->vec = calloc((size_t)c->n_layers, sizeof *b->vec);
     b->final_norm = vec_dup(&p->w->final_norm);
-    if (!b->slots || !b->vec || !b->final_norm) goto oom;
+    b->off = malloc((size_t)(b->max_seqs + 1) * sizeof *b->off);
+    b->sample_work = calloc(1, sampling_work_bytes(c->vocab));
+    if (!b->slots || !b->vec || !b->final_norm || !b->off || !b->sample_work) goto oom;
     for (int l = 0; l < c->n_layers; l++) {
         const layer_weights *L = &p->w->layers[l];
         layer_vecs *v = &b->vec[l];

@@ -8,65 +8,6 @@
 
 #include "cpu_ops.h"
 
-float bf16_to_f32(uint16_t h)
-{
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-uint16_t f32_to_bf16(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
-float f16_to_f32(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1f, man = h & 0x3ff, u;
-    if (exp == 0) {
-        if (man == 0) {
-            u = sign;
-        } else { /* subnormal: renormalise */
-            exp = 127 - 15 + 1;
-            while (!(man & 0x400)) {
-                man <<= 1;
-                exp--;
-            }
-            man &= 0x3ff;
-            u = sign | (exp << 23) | (man << 13);
-        }
-    } else if (exp == 31) {
-        u = sign | 0x7f800000u | (man << 13);
-    } else {
-        u = sign | ((exp + 127 - 15) << 23) | (man << 13);
-    }
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static void convert_row(const void *src, dtype_t t, int64_t n, float *out)
-{
-    if (t == DT_F32) {
-        memcpy(out, src, (size_t)n * 4);
-    } else if (t == DT_BF16) {
-        const uint16_t *s = src;
-        for (int64_t i = 0; i < n; i++) out[i] = bf16_to_f32(s[i]);
-    } else {
-        const uint16_t *s = src;
-        for (int64_t i = 0; i < n; i++) out[i] = f16_to_f32(s[i]);
-    }
-}
-
-void tv_row_f32(const tensor_view *t, int64_t r, float *out) { convert_row(tv_row(t, r), t->dtype, t->cols, out); }
-
-void tv_vec_f32(const tensor_view *t, float *out) { convert_row(t->data, t->dtype, t->cols, out); }
-
 /* The dot products every matmul uses: one function per weight dtype, applied
  * to every (token, row) pair, so an output element is bit-identical whatever
  * the batch composition. bf16 rows are widened inside the loop (a shift), which
@@ -144,7 +85,7 @@ void matmul_tv(float *y, const float *x, const tensor_view *W, int T)
             }
             const float *wr = src;
             if (dt == DT_F16) {
-                convert_row(src, dt, C, row);
+                tv_row_f32(W, r, row);
                 wr = row;
             }
             for (int t = 0; t < T; t++) y[(size_t)t * R + r] = dot_f32(wr, x + (size_t)t * C, C);

@@ -14,15 +14,6 @@
 
 #include "model.h"
 
-float bf16_to_f32(uint16_t h);
-uint16_t f32_to_bf16(float f);   /* round to nearest even */
-float f16_to_f32(uint16_t h);
-
-/* out[cols] = logical row r of t, as fp32 */
-void tv_row_f32(const tensor_view *t, int64_t r, float *out);
-/* out[n] = 1-D tensor as fp32 (n = t->cols) */
-void tv_vec_f32(const tensor_view *t, float *out);
-
 /* y[T, W.rows] = x[T, W.cols] @ W^T, fp32 accumulation, threaded over rows.
  * Each weight row is converted once and used for all T tokens. */
 void matmul_tv(float *y, const float *x, const tensor_view *W, int T);

@@ -1,8 +1,12 @@
 /*
  * engine.c - engine.h on top of a backend: opens the checkpoint, owns the
- * sequence table (ids, positions), validates every step before any backend
- * work so a bad request never advances or corrupts a sequence.
+ * sequence table (ids, positions, token history), validates every step and
+ * takes the memory it needs before any backend work, so a bad request never
+ * advances or corrupts a sequence and a backend step can fail only for device
+ * reasons (engine.h says what a device error leaves behind).
  */
+#include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +18,7 @@
 typedef struct {
     int in_use;
     int pos;     /* tokens consumed */
+    int failed;  /* a device error hit a step of this sequence: its state is unknown */
 } seq_entry;
 
 struct kda_engine {
@@ -27,6 +32,7 @@ struct kda_engine {
     step_item *items;    /* [max_seqs] step scratch */
     int *seen;           /* [max_seqs] duplicate check, step-stamped */
     int stamp;
+    int32_t *hist;       /* [max_seqs][max_seq_len] every token fed to each sequence */
 };
 
 const char *kda_strerror(int code)
@@ -67,16 +73,83 @@ static void fill_info(kda_engine *e)
     in->byte_tokenizer = c->byte_tokenizer;
     in->n_params = e->w.n_params;
     in->weight_bytes = e->w.bytes;
-    int n_kda = 0, n_gqa = 0;
-    for (int l = 0; l < c->n_layers; l++) {
-        in->layer_kind[l] = c->kind[l];
-        n_kda += c->kind[l] == KDA_LAYER_KDA;
-        n_gqa += c->kind[l] == KDA_LAYER_GQA;
-    }
-    in->state_bytes_per_seq = (size_t)n_kda * 4 *
-        ((size_t)c->kda_h * c->kda_k * c->kda_v + (size_t)(c->conv_size - 1) * (2 * c->kda_h * c->kda_k + c->kda_h * c->kda_v));
-    in->kv_bytes_per_token = (size_t)n_gqa * 2 * c->gqa_kvh * c->gqa_hd * 4;
+    for (int l = 0; l < c->n_layers; l++) in->layer_kind[l] = c->kind[l];
+    in->state_bytes_per_seq = model_state_floats(c) * 4;
+    in->kv_bytes_per_token = model_kv_floats_per_token(c) * 4;
 }
+
+/* ---- tuning ---- */
+
+void kda_tuning_defaults(kda_tuning *t)
+{
+    *t = (kda_tuning){.gemv_max_t = 4, .graphs = 1, .pdl = 1, .gemm_lt = 1, .gemm_verbose = 0, .gemm_tune_flush = 1,
+                      .gemm_splitk = 1, .gemv_persist = 1, .kda_tiled = 0,
+                      .kda_tile_occ = 2, .kda_tile_clusters = 0, .attn_split = 0, .cpu_bf16_act = 0};
+}
+
+static const struct {
+    const char *name;
+    size_t off;
+    int lo, hi;
+} tuning_fields[] = {
+#define TF(f, lo, hi) {#f, offsetof(kda_tuning, f), lo, hi}
+    TF(gemv_max_t, 0, 8), TF(graphs, 0, 1),   TF(pdl, 0, 1),          TF(gemm_lt, 0, 1),
+    TF(gemm_verbose, 0, 1), TF(gemm_tune_flush, 0, 1), TF(gemm_splitk, 0, 1),
+    TF(gemv_persist, 0, 1), TF(kda_tiled, 0, 1), TF(kda_tile_occ, 2, 3), TF(kda_tile_clusters, 0, 1 << 20),
+    TF(attn_split, 0, 256), TF(cpu_bf16_act, 0, 1),
+#undef TF
+};
+#define N_TUNING_FIELDS (int)(sizeof tuning_fields / sizeof tuning_fields[0])
+
+int kda_tuning_parse(kda_tuning *t, const char *spec, char *err, size_t errlen)
+{
+    const char *p = spec ? spec : "";
+    while (*p) {
+        const char *eq = strchr(p, '='), *end = strchr(p, ',');
+        if (!end) end = p + strlen(p);
+        if (!eq || eq > end) {
+            snprintf(err, errlen, "tuning: expected key=value, got \"%.*s\"", (int)(end - p), p);
+            return KDA_EINVAL;
+        }
+        int f = 0;
+        while (f < N_TUNING_FIELDS &&
+               !(strlen(tuning_fields[f].name) == (size_t)(eq - p) && !strncmp(tuning_fields[f].name, p, eq - p)))
+            f++;
+        if (f == N_TUNING_FIELDS) {
+            snprintf(err, errlen, "tuning: unknown key \"%.*s\" (see --help)", (int)(eq - p), p);
+            return KDA_EINVAL;
+        }
+        char *num_end = NULL;
+        long v = strtol(eq + 1, &num_end, 10);
+        if (num_end != end || eq + 1 == end || v < tuning_fields[f].lo || v > tuning_fields[f].hi) {
+            snprintf(err, errlen, "tuning: %s must be an integer in [%d, %d]", tuning_fields[f].name,
+                     tuning_fields[f].lo, tuning_fields[f].hi);
+            return KDA_EINVAL;
+        }
+        if (!strcmp(tuning_fields[f].name, "attn_split") && v && v != 32 && v != 64 && v != 128 && v != 256) {
+            snprintf(err, errlen, "tuning: attn_split must be 0, 32, 64, 128 or 256");
+            return KDA_EINVAL;
+        }
+        *(int *)((char *)t + tuning_fields[f].off) = (int)v;
+        p = *end ? end + 1 : end;
+    }
+    return 0;
+}
+
+int kda_tuning_from_env(kda_tuning *t, char *err, size_t errlen)
+{
+    const char *v = getenv("KDA_TUNING");
+    return v && *v ? kda_tuning_parse(t, v, err, errlen) : 0;
+}
+
+void kda_tuning_describe(const kda_tuning *t, FILE *out)
+{
+    for (int f = 0; f < N_TUNING_FIELDS; f++)
+        fprintf(out, "%s%s=%d", f ? "," : "", tuning_fields[f].name,
+                *(const int *)((const char *)t + tuning_fields[f].off));
+}
+
+/* ---- engine ---- */
 
 int kda_engine_open(kda_engine **out, const kda_engine_opts *o, char *err, size_t errlen)
 {
@@ -110,7 +183,8 @@ int kda_engine_open(kda_engine **out, const kda_engine_opts *o, char *err, size_
     e->seqs = calloc((size_t)e->max_seqs, sizeof *e->seqs);
     e->items = calloc((size_t)e->max_seqs, sizeof *e->items);
     e->seen = calloc((size_t)e->max_seqs, sizeof *e->seen);
-    if (!e->seqs || !e->items || !e->seen) {
+    e->hist = malloc((size_t)e->max_seqs * cap * sizeof *e->hist);
+    if (!e->seqs || !e->items || !e->seen || !e->hist) {
         snprintf(err, errlen, "out of memory");
         rc = KDA_ENOMEM;
         goto fail;
@@ -121,6 +195,8 @@ int kda_engine_open(kda_engine **out, const kda_engine_opts *o, char *err, size_
         .threads = o->threads, .gpu_mem_fraction = o->gpu_mem_fraction > 0 ? o->gpu_mem_fraction : 0.9,
         .verbose = o->verbose,
     };
+    if (o->tuning) bp.tuning = *o->tuning;
+    else kda_tuning_defaults(&bp.tuning);
     const char *dev = o->device ? o->device : "cpu";
     if (!strcmp(dev, "auto")) dev = cuda_device_available() ? "cuda" : "cpu";
     if (!strcmp(dev, "cpu")) {
@@ -154,10 +230,13 @@ void kda_engine_close(kda_engine *e)
     free(e->seqs);
     free(e->items);
     free(e->seen);
+    free(e->hist);
     free(e);
 }
 
 const kda_model_info *kda_engine_info(const kda_engine *e) { return &e->info; }
+
+static int live(const kda_engine *e, int id) { return id >= 0 && id < e->max_seqs && e->seqs[id].in_use; }
 
 int kda_seq_new(kda_engine *e, int *seq_id, char *err, size_t errlen)
 {
@@ -165,8 +244,7 @@ int kda_seq_new(kda_engine *e, int *seq_id, char *err, size_t errlen)
         if (e->seqs[i].in_use) continue;
         int rc = e->be->seq_reset(e->be, i, err, errlen);
         if (rc) return rc;
-        e->seqs[i].in_use = 1;
-        e->seqs[i].pos = 0;
+        e->seqs[i] = (seq_entry){.in_use = 1};
         *seq_id = i;
         return 0;
     }
@@ -176,20 +254,16 @@ int kda_seq_new(kda_engine *e, int *seq_id, char *err, size_t errlen)
 
 void kda_seq_free(kda_engine *e, int id)
 {
-    if (id < 0 || id >= e->max_seqs || !e->seqs[id].in_use) return;
+    if (!live(e, id)) return;
     e->seqs[id].in_use = 0;
     if (e->be->seq_release) e->be->seq_release(e->be, id);
 }
 
-int kda_seq_len(const kda_engine *e, int id)
-{
-    if (id < 0 || id >= e->max_seqs || !e->seqs[id].in_use) return KDA_EINVAL;
-    return e->seqs[id].pos;
-}
+int kda_seq_len(const kda_engine *e, int id) { return live(e, id) ? e->seqs[id].pos : KDA_EINVAL; }
 
 int kda_seq_reserve(kda_engine *e, int id, int n_tokens, char *err, size_t errlen)
 {
-    if (id < 0 || id >= e->max_seqs || !e->seqs[id].in_use) {
+    if (!live(e, id)) {
         snprintf(err, errlen, "no live sequence %d", id);
         return KDA_EINVAL;
     }
@@ -207,6 +281,89 @@ int kda_seqs_free_slots(const kda_engine *e)
     return n;
 }
 
+void kda_engine_usage(const kda_engine *e, kda_usage *u)
+{
+    int used = 0;
+    for (int i = 0; i < e->max_seqs; i++) used += e->seqs[i].in_use;
+    size_t kv_used = 0;
+    if (e->be->kv_bytes_used) {
+        kv_used = e->be->kv_bytes_used(e->be);
+    } else { /* fixed-size slots: what the live sequences' tokens occupy */
+        for (int i = 0; i < e->max_seqs; i++)
+            if (e->seqs[i].in_use) kv_used += (size_t)e->seqs[i].pos * e->info.kv_bytes_per_token;
+    }
+    *u = (kda_usage){
+        .seqs_used = used, .seqs_total = e->max_seqs,
+        .kv_bytes_used = kv_used, .kv_bytes_total = e->info.kv_pool_bytes,
+        .state_bytes_used = (size_t)used * e->info.state_bytes_per_seq,
+        .state_bytes_total = (size_t)e->max_seqs * e->info.state_bytes_per_seq,
+    };
+}
+
+/* Everything about one item a backend relies on; KDA_EINVAL / KDA_ECTX with
+ * the reason, before anything runs. */
+static int check_item(const kda_engine *e, const kda_batch_item *it, int i, char *err, size_t errlen)
+{
+    const int vocab = e->cfg.vocab;
+    if (!live(e, it->seq)) {
+        snprintf(err, errlen, "item %d: no live sequence %d", i, it->seq);
+        return KDA_EINVAL;
+    }
+    if (e->seqs[it->seq].failed) {
+        snprintf(err, errlen, "item %d: sequence %d was lost to a device error; free it", i, it->seq);
+        return KDA_EINVAL;
+    }
+    if (e->seen[it->seq] == e->stamp) {
+        snprintf(err, errlen, "item %d: sequence %d appears twice in one step", i, it->seq);
+        return KDA_EINVAL;
+    }
+    if (it->n_tokens <= 0 || !it->tokens) {
+        snprintf(err, errlen, "item %d: no tokens", i);
+        return KDA_EINVAL;
+    }
+    for (int t = 0; t < it->n_tokens; t++)
+        if (it->tokens[t] < 0 || it->tokens[t] >= vocab) {
+            snprintf(err, errlen, "item %d: token %d is outside the vocabulary [0, %d)", i, it->tokens[t], vocab);
+            return KDA_EINVAL;
+        }
+    const int pos = e->seqs[it->seq].pos;
+    if (pos + it->n_tokens > e->info.max_seq_len) {
+        snprintf(err, errlen, "sequence %d: %d + %d tokens exceeds the context capacity %d", it->seq, pos,
+                 it->n_tokens, e->info.max_seq_len);
+        return KDA_ECTX;
+    }
+    if (it->n_top < 0 || it->n_top > KDA_MAX_TOP) {
+        snprintf(err, errlen, "item %d: n_top must be in [0, %d]", i, KDA_MAX_TOP);
+        return KDA_EINVAL;
+    }
+    if (it->targets && it->target_logprobs)
+        for (int t = 0; t < it->n_tokens; t++)
+            if (it->targets[t] >= vocab) {
+                snprintf(err, errlen, "item %d: target %d is outside the vocabulary [0, %d)", i, it->targets[t],
+                         vocab);
+                return KDA_EINVAL;
+            }
+    const kda_sampling *s = it->sampling;
+    if (s) {
+        if (s->n_prompt < 0 || s->n_prompt > pos + it->n_tokens) {
+            snprintf(err, errlen, "item %d: sampling.n_prompt %d is outside [0, %d]", i, s->n_prompt,
+                     pos + it->n_tokens);
+            return KDA_EINVAL;
+        }
+        if (s->n_logit_bias < 0 || s->n_logit_bias > KDA_MAX_LOGIT_BIAS || (s->n_logit_bias && !s->logit_bias)) {
+            snprintf(err, errlen, "item %d: at most %d logit_bias entries", i, KDA_MAX_LOGIT_BIAS);
+            return KDA_EINVAL;
+        }
+        for (int k = 0; k < s->n_logit_bias; k++)
+            if (s->logit_bias[k].id < 0 || s->logit_bias[k].id >= vocab || isnan(s->logit_bias[k].bias)) {
+                snprintf(err, errlen, "item %d: logit_bias entry %d (token %d) is outside the vocabulary or NaN", i,
+                         k, s->logit_bias[k].id);
+                return KDA_EINVAL;
+            }
+    }
+    return 0;
+}
+
 int kda_engine_step(kda_engine *e, kda_batch_item *items, int n, char *err, size_t errlen)
 {
     if (n <= 0 || n > e->max_seqs || !items) {
@@ -218,39 +375,31 @@ int kda_engine_step(kda_engine *e, kda_batch_item *items, int n, char *err, size
         e->stamp = 1;
     }
     for (int i = 0; i < n; i++) {
+        int rc = check_item(e, &items[i], i, err, errlen);
+        if (rc) return rc;
+        e->seen[items[i].seq] = e->stamp;
+    }
+    /* memory next: every block this step writes is taken before it runs */
+    if (e->be->seq_reserve)
+        for (int i = 0; i < n; i++) {
+            int rc = e->be->seq_reserve(e->be, items[i].seq, e->seqs[items[i].seq].pos + items[i].n_tokens, err,
+                                        errlen);
+            if (rc) return rc;
+        }
+    const size_t cap = (size_t)e->info.max_seq_len;
+    for (int i = 0; i < n; i++) {
         const kda_batch_item *it = &items[i];
-        if (it->seq < 0 || it->seq >= e->max_seqs || !e->seqs[it->seq].in_use) {
-            snprintf(err, errlen, "item %d: no live sequence %d", i, it->seq);
-            return KDA_EINVAL;
-        }
-        if (e->seen[it->seq] == e->stamp) {
-            snprintf(err, errlen, "item %d: sequence %d appears twice in one step", i, it->seq);
-            return KDA_EINVAL;
-        }
-        e->seen[it->seq] = e->stamp;
-        if (it->n_tokens <= 0 || !it->tokens) {
-            snprintf(err, errlen, "item %d: no tokens", i);
-            return KDA_EINVAL;
-        }
-        for (int t = 0; t < it->n_tokens; t++)
-            if (it->tokens[t] < 0 || it->tokens[t] >= e->cfg.vocab) {
-                snprintf(err, errlen, "item %d: token %d is outside the vocabulary [0, %d)", i, it->tokens[t],
-                         e->cfg.vocab);
-                return KDA_EINVAL;
-            }
-        if (e->seqs[it->seq].pos + it->n_tokens > e->info.max_seq_len) {
-            snprintf(err, errlen, "sequence %d: %d + %d tokens exceeds the context capacity %d", it->seq,
-                     e->seqs[it->seq].pos, it->n_tokens, e->info.max_seq_len);
-            return KDA_ECTX;
-        }
-        if (it->n_top < 0 || it->n_top > 64) {
-            snprintf(err, errlen, "item %d: n_top must be in [0, 64]", i);
-            return KDA_EINVAL;
-        }
-        e->items[i] = (step_item){.slot = it->seq, .pos = e->seqs[it->seq].pos, .it = it};
+        const int pos = e->seqs[it->seq].pos;
+        int32_t *h = e->hist + (size_t)it->seq * cap;
+        memcpy(h + pos, it->tokens, (size_t)it->n_tokens * sizeof *h);
+        e->items[i] = (step_item){.slot = it->seq, .pos = pos, .it = it, .hist = h};
     }
     int rc = e->be->step(e->be, e->items, n, err, errlen);
-    if (rc) return rc;
+    if (rc) {
+        if (rc != KDA_ENOMEM) /* ENOMEM: refused before any state was touched (model.h) */
+            for (int i = 0; i < n; i++) e->seqs[items[i].seq].failed = 1;
+        return rc;
+    }
     for (int i = 0; i < n; i++) e->seqs[items[i].seq].pos += items[i].n_tokens;
     return 0;
 }

@@ -45,6 +45,38 @@ typedef enum { KDA_FAMILY_KDA = 0, KDA_FAMILY_LLAMA_KDA = 1 } kda_family;
 
 typedef struct kda_engine kda_engine;
 
+/* Kernel variants and switches, chosen once at load (defaults from
+ * kda_tuning_defaults; kda-cli/kda-server set them from --tuning and the
+ * KDA_* environment variables through kda_tuning_parse / kda_tuning_from_env).
+ * Backends read them only in their create function; tests set them directly.
+ * Each field's default is the variant the H200 measurements chose
+ * (bench/NOTES.md). */
+typedef struct {
+    int gemv_max_t;      /* CUDA: steps of at most this many rows use the skinny GEMV (0..8; 4) */
+    int graphs;          /* CUDA: replay decode steps as CUDA graphs (1) */
+    int pdl;             /* CUDA: programmatic dependent launch on sm_90+ (1) */
+    int gemm_lt;         /* CUDA: autotuned cuBLASLt plans per decode bucket (1) */
+    int gemm_verbose;    /* CUDA: one line per tuned GEMM shape on stderr (0) */
+    int gemm_tune_flush; /* CUDA: flush L2 between timed tuning runs (1) */
+    int gemm_splitk;     /* CUDA: also time split-K variants when tuning (1) */
+    int gemv_persist;    /* CUDA: persistent GEMV blocks (1) */
+    int kda_tiled;       /* CUDA: column-tiled KDA step in clusters (0: measured 6-7% slower) */
+    int kda_tile_occ;    /* CUDA: blocks per SM of the tiled KDA kernel, 2 or 3 (2) */
+    int kda_tile_clusters; /* CUDA: cap on persistent clusters of the tiled kernel (0 = as many as fit) */
+    int attn_split;      /* CUDA: force one decode-attention split size 32/64/128/256 (0 = by shape) */
+    int cpu_bf16_act;    /* CPU: round activations to bf16 where the CUDA backend stores bf16 (0) */
+} kda_tuning;
+
+void kda_tuning_defaults(kda_tuning *t);
+/* "key=value,key=value" with the field names above; an unknown key or a
+ * value out of range is an error naming it. */
+int kda_tuning_parse(kda_tuning *t, const char *spec, char *err, size_t errlen);
+/* The KDA_TUNING variable (same syntax as kda_tuning_parse), the one place
+ * the environment is read for tuning. */
+int kda_tuning_from_env(kda_tuning *t, char *err, size_t errlen);
+/* One line per field with its current value, for --help and logs. */
+void kda_tuning_describe(const kda_tuning *t, FILE *out);
+
 typedef struct {
     const char *model_dir;  /* directory with config.json + *.safetensors */
     const char *device;     /* "cpu", "cuda" or "auto" (NULL = "cpu") */
@@ -53,6 +85,7 @@ typedef struct {
     int max_seq_len;        /* per-sequence context capacity (0 = model's max_position_embeddings) */
     double gpu_mem_fraction;/* CUDA: fraction of free device memory for the pool (0 = 0.9) */
     const char *name_map;   /* optional name-map file (configs/), NULL = auto-detect scheme */
+    const kda_tuning *tuning; /* NULL = kda_tuning_defaults */
     int verbose;            /* print load progress to stderr */
 } kda_engine_opts;
 
@@ -86,8 +119,10 @@ void kda_engine_close(kda_engine *e);
 const kda_model_info *kda_engine_info(const kda_engine *e);
 
 /* ---- sequences ----
- * A sequence owns its KDA recurrent/conv state and GQA KV cache. It starts
- * empty (position 0, zero state). Ids are small ints, reused after free. */
+ * A sequence owns its KDA recurrent/conv state, its GQA KV cache and its
+ * token history (every token fed to it, which the sampler's penalties read).
+ * It starts empty (position 0, zero state). Ids are small ints, reused after
+ * free. */
 int kda_seq_new(kda_engine *e, int *seq_id, char *err, size_t errlen);
 void kda_seq_free(kda_engine *e, int seq_id);
 int kda_seq_len(const kda_engine *e, int seq_id);  /* tokens consumed so far, <0 if bad id */
@@ -100,13 +135,26 @@ int kda_seqs_free_slots(const kda_engine *e);       /* how many more kda_seq_new
  * never sees a step fail for memory. */
 int kda_seq_reserve(kda_engine *e, int seq_id, int n_tokens, char *err, size_t errlen);
 
+/* Memory in use, as the backend accounts it (reserved KV blocks included). */
+typedef struct {
+    int seqs_used, seqs_total;
+    size_t kv_bytes_used, kv_bytes_total;        /* GQA KV cache (CUDA: blocks held or reserved) */
+    size_t state_bytes_used, state_bytes_total;  /* KDA recurrent + conv state of live sequences */
+} kda_usage;
+void kda_engine_usage(const kda_engine *e, kda_usage *u);
+
 /* ---- sampling ----
- * Applied in this order to the raw logits: repetition penalty (over prompt and
- * generated tokens, vLLM semantics: divide positive logits / multiply negative
- * ones), presence and frequency penalties (over generated tokens only),
- * temperature, top_k, top_p, min_p, then a draw with the uniform
- * kda_rng_uniform(seed, n_generated). temperature <= 0 means greedy (argmax,
- * lowest id on ties) and ignores the rest. */
+ * Applied in this order to the raw logits: logit_bias, repetition penalty
+ * (over the whole sequence, prompt and generated, vLLM semantics: divide
+ * positive logits / multiply negative ones), presence and frequency penalties
+ * (over generated tokens only), temperature, top_k, top_p, min_p, then a draw
+ * with the uniform kda_rng_uniform(seed, n_generated). temperature <= 0 means
+ * greedy (argmax, lowest id on ties) and ignores the rest.
+ * The history comes from the sequence itself: its first n_prompt tokens are
+ * the prompt, every later one was generated, and n_generated = (tokens in the
+ * sequence after this step) - n_prompt. */
+typedef struct { int32_t id; float bias; } kda_logit_bias;
+
 typedef struct {
     float temperature;        /* 0 = greedy */
     int top_k;                /* 0 = off */
@@ -116,9 +164,13 @@ typedef struct {
     float presence_penalty;   /* 0 = off */
     float frequency_penalty;  /* 0 = off */
     uint64_t seed;
-    const int32_t *prompt_tokens; int n_prompt;   /* history for penalties (caller-owned) */
-    const int32_t *gen_tokens; int n_gen;         /* generated so far; n_gen is the RNG counter */
+    int n_prompt;             /* tokens of the sequence that are prompt (see above) */
+    const kda_logit_bias *logit_bias; int n_logit_bias; /* added to the logits (OpenAI semantics;
+                                 -inf bans); caller-owned, read during the step; ids in the vocabulary */
 } kda_sampling;
+
+#define KDA_MAX_TOP 64     /* alternatives per position (n_top) at most */
+#define KDA_MAX_LOGIT_BIAS 1024 /* logit_bias entries per item at most */
 
 /* ---- one batched step ----
  * Each item appends n_tokens tokens to one sequence (a prompt chunk, or the
@@ -128,12 +180,23 @@ typedef struct {
  *   logits          [n_tokens, vocab] when want_all_logits, else [vocab] for the last token
  *   target_logprobs [n_tokens]: log p(targets[i] | tokens up to i); entries
  *                   with targets[i] < 0 are written as 0
+ *   pos_top_ids/pos_top_logprobs [n_tokens * n_top]: the n_top best raw
+ *                   (id, log-prob) after every position (prompt echo)
  *   sampling        if non-NULL, a token is drawn from the last position's
  *                   distribution into *sampled, its raw log-prob into
  *                   *sampled_logprob, and the n_top best raw (id, log-prob)
- *                   into top_ids/top_logprobs (n_top may be 0).
- * Raw log-prob = log_softmax of the model's logits, before penalties and
- * temperature. On error no sequence in the batch has advanced. */
+ *                   into top_ids/top_logprobs.
+ * Raw log-prob = log_softmax of the model's logits, before logit_bias,
+ * penalties and temperature. n_top is in [0, KDA_MAX_TOP].
+ *
+ * Errors. kda_engine_step validates every item and takes every KV block the
+ * step needs before any backend work: KDA_EINVAL / KDA_ECTX / KDA_ENOMEM mean
+ * no sequence has advanced (a sequence may hold more reserved KV blocks,
+ * which it would have needed anyway). KDA_EDEVICE means the device failed
+ * during the step: the step's sequences are left in an unknown state and are
+ * marked failed (any later step on them is KDA_EINVAL; free them); other
+ * sequences are untouched unless the device itself is lost, in which case
+ * every later step fails with KDA_EDEVICE too. */
 typedef struct {
     int seq;
     const int32_t *tokens;
@@ -148,23 +211,13 @@ typedef struct {
     int n_top;
     int32_t *top_ids;
     float *top_logprobs;
+    int32_t *pos_top_ids;
+    float *pos_top_logprobs;
 } kda_batch_item;
 
 int kda_engine_step(kda_engine *e, kda_batch_item *items, int n_items, char *err, size_t errlen);
 
-/* Counter-based RNG shared by every backend: same (seed, counter) gives the
- * same uniform in [0,1) on the CPU and on the GPU. */
-static inline uint64_t kda_splitmix64(uint64_t x)
-{
-    x += 0x9E3779B97F4A7C15ull;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    return x ^ (x >> 31);
-}
-static inline double kda_rng_uniform(uint64_t seed, uint64_t counter)
-{
-    return (double)(kda_splitmix64(seed ^ kda_splitmix64(counter)) >> 11) * 0x1.0p-53;
-}
+#include "kda_rng.h"
 
 const char *kda_strerror(int code);
 

@@ -13,8 +13,14 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
+#include "dtype.h"
 #include "engine.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 typedef enum { DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2 } dtype_t;
 
@@ -38,6 +44,22 @@ static inline const void *tv_row(const tensor_view *t, int64_t r)
 {
     int64_t phys = (r / t->group_rows) * t->group_stride + r % t->group_rows;
     return (const char *)t->data + (size_t)(phys * t->cols) * dtype_size(t->dtype);
+}
+
+/* out[cols] = logical row r of t, as fp32 */
+static inline void tv_row_f32(const tensor_view *t, int64_t r, float *out)
+{
+    const void *src = tv_row(t, r);
+    const int64_t n = t->cols;
+    if (t->dtype == DT_F32) {
+        memcpy(out, src, (size_t)n * 4);
+    } else if (t->dtype == DT_BF16) {
+        const uint16_t *s = (const uint16_t *)src;
+        for (int64_t i = 0; i < n; i++) out[i] = bf16_to_f32(s[i]);
+    } else {
+        const uint16_t *s = (const uint16_t *)src;
+        for (int64_t i = 0; i < n; i++) out[i] = f16_to_f32(s[i]);
+    }
 }
 
 /* ---- config ---- */
@@ -124,17 +146,20 @@ void weights_free(model_weights *w);
 
 /* ---- backend interface ----
  * A backend owns per-sequence state storage for max_seqs slots and runs the
- * forward pass. engine.c owns sequence bookkeeping (ids, positions) and
- * calls these; slot i is sequence id i. */
+ * forward pass. engine.c owns sequence bookkeeping (ids, positions, token
+ * history) and validates every request before calling these; slot i is
+ * sequence id i. A backend trusts its inputs: step() fails only for device
+ * reasons (KDA_EDEVICE), or with KDA_ENOMEM for host scratch before it has
+ * touched any state; seq_reserve() fails only for memory (KDA_ENOMEM). */
 typedef struct {
     int slot;                 /* sequence slot */
     int pos;                  /* tokens already in the sequence before this step */
     const kda_batch_item *it; /* the caller's item (tokens, outputs, sampling) */
+    const int32_t *hist;      /* the sequence's tokens [pos + it->n_tokens], this step's included */
 } step_item;
 
 typedef struct backend backend;
 struct backend {
-    const char *name;
     /* Prepare a slot for a new sequence: zero its recurrent/conv state (KV needs
      * no clearing: reads stop at pos). May allocate the slot's storage on first
      * use (CPU); fails with KDA_ENOMEM when it cannot. */
@@ -143,9 +168,12 @@ struct backend {
      * slot (the CUDA backend's KV blocks), so admission sees the free memory. */
     void (*seq_release)(backend *b, int slot);
     /* Optional: take the memory for the slot to hold n_tokens now (engine.h
-     * kda_seq_reserve). NULL = the backend's slots are fixed-size (CPU). */
+     * kda_seq_reserve; the engine also calls it before every step). NULL = the
+     * backend's slots are fixed-size (CPU). */
     int (*seq_reserve)(backend *b, int slot, int n_tokens, char *err, size_t errlen);
     int (*step)(backend *b, const step_item *items, int n, char *err, size_t errlen);
+    /* Optional: KV bytes held by live sequences (reserved blocks included). */
+    size_t (*kv_bytes_used)(const backend *b);
     void (*destroy)(backend *b);
     size_t pool_bytes;
     /* filled by the backend: its KV and state pools, the KV bytes per token
@@ -160,12 +188,45 @@ typedef struct {
     const model_weights *w;
     int max_seqs, max_seq_len, threads;
     double gpu_mem_fraction;
+    kda_tuning tuning;
     int verbose;
 } backend_params;
+
+/* State sizes in floats, the one place they are computed (CPU slots, the
+ * engine's info, the CUDA pool): per KDA layer the recurrent state S [H, K, V]
+ * and the conv tails [taps-1, 2HK+HV]; per sequence both over all KDA layers;
+ * the GQA KV cache of one token over all GQA layers. */
+static inline int model_n_kda_layers(const model_config *c)
+{
+    int n = 0;
+    for (int l = 0; l < c->n_layers; l++) n += c->kind[l] == KDA_LAYER_KDA;
+    return n;
+}
+static inline int model_n_gqa_layers(const model_config *c) { return c->n_layers - model_n_kda_layers(c); }
+static inline size_t model_kda_layer_state_floats(const model_config *c)
+{
+    return (size_t)c->kda_h * c->kda_k * c->kda_v;
+}
+static inline size_t model_kda_layer_tail_floats(const model_config *c)
+{
+    return (size_t)(c->conv_size - 1) * (2 * (size_t)c->kda_h * c->kda_k + (size_t)c->kda_h * c->kda_v);
+}
+static inline size_t model_state_floats(const model_config *c)
+{
+    return (size_t)model_n_kda_layers(c) * (model_kda_layer_state_floats(c) + model_kda_layer_tail_floats(c));
+}
+static inline size_t model_kv_floats_per_token(const model_config *c)
+{
+    return (size_t)model_n_gqa_layers(c) * 2 * c->gqa_kvh * c->gqa_hd;
+}
 
 int cpu_backend_create(backend **out, const backend_params *p, char *err, size_t errlen);
 /* Defined in kernels/ when built with CUDA; a stub returning KDA_EUNSUP otherwise. */
 int cuda_backend_create(backend **out, const backend_params *p, char *err, size_t errlen);
 int cuda_device_available(void);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -13,7 +13,9 @@
 #include "cuda_common.cuh"
 #include "cuda_ops.h"
 
-extern "C" int cuda_bench_kernels(FILE *json, FILE *table);
+extern "C" {
+#include "kc_bench.h"
+}
 
 __global__ void fill_kernel(uint32_t *p, size_t n, uint32_t seed, uint32_t mask, uint32_t add)
 {
@@ -115,29 +117,34 @@ static void run_attn(void *c, int r)
     kc_gqa_attn(&x->a, x->opart, x->ml, x->nsplit, x->split, x->out, x->a.Hq * x->a.hd, 0);
 }
 
-static void emit(FILE *json, FILE *table, int *first, const char *name, double bytes, float ms, double copy_tbs)
+typedef struct {
+    kc_bench_row *rows;
+    int n, max;
+    double copy_tbs;
+} bench_out;
+
+static void emit(bench_out *o, const char *name, double bytes, float ms)
 {
-    const double tbs = bytes / (ms * 1e-3) / 1e12;
-    if (json)
-        fprintf(json, "%s\n    {\"kernel\": \"%s\", \"ms\": %.4f, \"MB\": %.1f, \"TBps\": %.3f, \"of_copy\": %.3f}",
-                *first ? "" : ",", name, ms, bytes / 1e6, tbs, copy_tbs > 0 ? tbs / copy_tbs : 0);
-    if (table) fprintf(table, "  %-44s %8.4f ms %9.1f MB %6.3f TB/s %5.1f%% of copy\n", name, ms, bytes / 1e6, tbs,
-                       copy_tbs > 0 ? 100 * tbs / copy_tbs : 0);
-    *first = 0;
+    if (o->n >= o->max) return;
+    kc_bench_row *r = &o->rows[o->n++];
+    snprintf(r->name, sizeof r->name, "%s", name);
+    r->ms = ms;
+    r->bytes = bytes;
+    r->tbps = bytes / (ms * 1e-3) / 1e12;
+    r->of_copy = o->copy_tbs > 0 ? r->tbps / o->copy_tbs : 0;
 }
 
-extern "C" int cuda_bench_kernels(FILE *json, FILE *table)
+extern "C" int kc_bench_kernels(kc_bench_row *rows, int max)
 {
-    int first = 1;
-    if (json) fprintf(json, "  \"kernels\": [");
+    bench_out bo = {rows, 0, max, 0.0};
     /* copy ceiling: 2 GiB each way, bytes read + written */
     copy_ctx cc;
     cc.bytes = (size_t)2 << 30;
     if (cudaMalloc(&cc.src, cc.bytes) != cudaSuccess || cudaMalloc(&cc.dst, cc.bytes) != cudaSuccess) return -7;
     fill_f32(cc.src, cc.bytes, 1);
     float ms = median_ms(run_copy, &cc, 10);
-    const double copy_tbs = 2.0 * cc.bytes / (ms * 1e-3) / 1e12;
-    emit(json, table, &first, "d2d copy 2 GiB (read+write)", 2.0 * cc.bytes, ms, copy_tbs);
+    bo.copy_tbs = 2.0 * cc.bytes / (ms * 1e-3) / 1e12;
+    emit(&bo, "d2d copy 2 GiB (read+write)", 2.0 * cc.bytes, ms);
     cudaFree(cc.src);
     cudaFree(cc.dst);
 
@@ -175,13 +182,13 @@ extern "C" int cuda_bench_kernels(FILE *json, FILE *table)
             if (T <= KC_GEMV_MAX_T) {
                 ms = median_ms(run_gemv, &g, 20);
                 snprintf(name, sizeof name, "gemv T=%d %s", T, shp[s].name);
-                emit(json, table, &first, name, bytes, ms, copy_tbs);
+                emit(&bo, name, bytes, ms);
             }
             if (shp[s].out == KC_OUT_STORE) {
                 g.use_cublas = 1;
                 ms = median_ms(run_gemv, &g, 20);
                 snprintf(name, sizeof name, "cublas T=%d %s", T, shp[s].name);
-                emit(json, table, &first, name, bytes, ms, copy_tbs);
+                emit(&bo, name, bytes, ms);
             }
             for (int i = 0; i < 4; i++) cudaFree(g.W[i]);
             cudaFree(g.x);
@@ -225,14 +232,12 @@ extern "C" int cuda_bench_kernels(FILE *json, FILE *table)
         /* the block-per-head kernel (default), the persistent column-tiled
          * cluster kernel at 2 and at 3 blocks per SM */
         for (int tiled = 0; tiled < 3; tiled++) {
-            if (tiled) setenv("KDA_KDA_TILED", "1", 1);
-            if (tiled == 2) setenv("KDA_KDA_TILE_OCC", "3", 1);
+            a.tiled = tiled > 0;
+            a.tile_occ = tiled == 2 ? 3 : 2;
             ms = median_ms(run_kda, &a, 20);
-            unsetenv("KDA_KDA_TILED");
-            unsetenv("KDA_KDA_TILE_OCC");
             snprintf(name, sizeof name, "kda lowrank+step%s B=%d (state read+write)",
                      tiled == 1 ? " [tiled occ2]" : tiled == 2 ? " [tiled occ3]" : "", B);
-            emit(json, table, &first, name, 2.0 * B * H * K * V * 4, ms, copy_tbs);
+            emit(&bo, name, 2.0 * B * H * K * V * 4, ms);
         }
         cudaFree(lr);
         cudaFree(proj), cudaFree(state), cudaFree(vecs), cudaFree(w), cudaFree(y), cudaFree(dmeta);
@@ -263,10 +268,9 @@ extern "C" int cuda_bench_kernels(FILE *json, FILE *table)
         cudaMalloc((void **)&x.ml, (size_t)B * Hq * x.nsplit * 2 * 4);
         cudaMalloc((void **)&x.out, (size_t)B * Hq * hd * 2);
         ms = median_ms(run_attn, &x, 20);
-        emit(json, table, &first, "gqa decode attn B=64 ctx=4096 (K+V read)", (double)kv_bytes, ms, copy_tbs);
+        emit(&bo, "gqa decode attn B=64 ctx=4096 (K+V read)", (double)kv_bytes, ms);
         cudaFree(x.a.kv), cudaFree(x.a.q), cudaFree(x.opart), cudaFree(x.ml), cudaFree(x.out), cudaFree(dm);
         free(meta);
     }
-    if (json) fprintf(json, "\n  ],\n  \"copy_TBps\": %.3f,\n", copy_tbs);
-    return cudaGetLastError() == cudaSuccess ? 0 : -7;
+    return cudaGetLastError() == cudaSuccess ? bo.n : -7;
 }

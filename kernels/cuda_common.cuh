@@ -101,18 +101,8 @@ static __device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f
 static __device__ __forceinline__ float siluf_(float x) { return x / (1.0f + expf(-x)); }
 static __device__ __forceinline__ float softplusf_(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
-/* kda_rng_uniform from engine.h, for the device (plain integer math). */
-static __host__ __device__ __forceinline__ uint64_t kc_splitmix64(uint64_t x)
-{
-    x += 0x9E3779B97F4A7C15ull;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    return x ^ (x >> 31);
-}
-static __host__ __device__ __forceinline__ double kc_rng_uniform(uint64_t seed, uint64_t counter)
-{
-    return (double)(kc_splitmix64(seed ^ kc_splitmix64(counter)) >> 11) * 0x1.0p-53;
-}
+/* the RNG of engine.h, one definition for host and device */
+#include "kda_rng.h"
 
 /* Programmatic dependent launch (PDL, sm_90). Kernels launched through
  * kc_launch() with PDL on may start while the previous kernel in the stream

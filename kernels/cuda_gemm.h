@@ -12,10 +12,10 @@
  * Thread-compatible (one engine thread per object). Every pointer is device
  * memory; bf16 travels as uint16_t.
  *
- * Env: KDA_GEMM_VERBOSE=1 prints one line per tuned shape (stderr).
- *      KDA_GEMM_TUNE_FLUSH=0 times without flushing L2 between repetitions.
- *      KDA_GEMM_SPLITK=0 times only the heuristic's own candidates (no extra
- *      split-K variants).
+ * Options at create (engine.h kda_tuning gemm_verbose / gemm_tune_flush /
+ * gemm_splitk): verbose prints one line per tuned shape (stderr); flush_l2 = 0
+ * times without flushing L2 between repetitions; splitk = 0 times only the
+ * heuristic's own candidates (no extra split-K variants).
  */
 #ifndef KDA_CUDA_GEMM_H
 #define KDA_CUDA_GEMM_H
@@ -36,11 +36,11 @@ typedef struct kc_gemm_lt kc_gemm_lt;
  * aligned, kept alive until destroy. It may be the cuBLAS handle's workspace
  * when both libraries only run on one stream (stream order keeps them apart).
  * Returns NULL on failure. */
-kc_gemm_lt *kc_gemm_lt_create(size_t workspace_bytes, void *workspace);
+kc_gemm_lt *kc_gemm_lt_create(size_t workspace_bytes, void *workspace, int verbose, int flush_l2, int splitk);
 void kc_gemm_lt_destroy(kc_gemm_lt *g);
 
 /* Tune (T, N, K, ldx, ldy, beta): times up to 16 cublasLt heuristic candidates
- * (plus split-K variants of them, see KDA_GEMM_SPLITK) and the plain
+ * (plus split-K variants of them unless created with splitk = 0) and the plain
  * cublasGemmEx default (cublas_handle, whose stream it sets to s) on stream s,
  * L2 flushed before every timed repetition; keeps the fastest in the cache
  * (replacing an earlier plan for the same key). The winner is checked against
@@ -62,9 +62,6 @@ int kc_gemm_lt_tune(kc_gemm_lt *g, void *cublas_handle, float *y, int ldy, const
  * kc_gemm. -7 when cublasLtMatmul fails. T <= 0: 0. */
 int kc_gemm_lt_run(kc_gemm_lt *g, float *y, int ldy, const uint16_t *x, int ldx, const uint16_t *W, int T,
                    int N, int K, float beta, cudaStream_t s);
-
-/* Number of cached plans that use cublasLt (not the default fallback). */
-int kc_gemm_lt_num_plans(const kc_gemm_lt *g);
 
 /* Free the L2-flush buffer tune allocated (tune allocates it again if needed). */
 void kc_gemm_lt_release_scratch(kc_gemm_lt *g);

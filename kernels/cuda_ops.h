@@ -21,12 +21,19 @@
 extern "C" {
 #endif
 
-/* h[t] = E[ids[t]] as fp32 (ids[t] < 0: zeros). E [vocab, D] bf16. */
-/* Programmatic dependent launch for every kernel below (default off; the
- * backend turns it on unless KDA_PDL=0). */
+/* Launch policy for every kernel below, set by the backend's create from its
+ * tuning (engine.h kda_tuning) before any launch: programmatic dependent
+ * launch (default off here), persistent GEMV blocks (default on). */
 void kc_set_pdl(int on);
+void kc_set_gemv_persist(int on);
 
+/* h[t] = E[ids[t]] as fp32 (ids[t] < 0: zeros). E [vocab, D] bf16. */
 int kc_embed(float *h, const uint16_t *E, const int32_t *ids, int T, int D, cudaStream_t s);
+
+/* hist[slot[t] * cap + pos[t]] = ids[t] for rows with slot[t] >= 0: each
+ * slot's token history, read by the sampler's penalties. */
+int kc_hist_append(int32_t *hist, int cap, const int32_t *ids, const int32_t *pos, const int32_t *slot, int T,
+                   cudaStream_t s);
 
 /* out[i] = bf16(RMSNorm(x[rows ? rows[i] : i]; w, eps)), i < T. x [*, D] fp32. */
 int kc_rmsnorm(uint16_t *out, const float *x, const int32_t *rows, const float *w, int T, int D,
@@ -80,6 +87,10 @@ typedef struct {
      * G1 g0 are computed for all rows by a separate GEMM-like kernel first */
     float *lowrank;
     int lowrank_rows;
+    /* variant: the persistent column-tiled cluster kernel (needs lowrank),
+     * at tile_occ (2 or 3) blocks per SM, at most tile_clusters clusters (0 =
+     * as many as fit) */
+    int tiled, tile_occ, tile_clusters;
 } kc_kda_args;
 int kc_kda_step(const kc_kda_args *a, cudaStream_t s);
 
@@ -121,19 +132,21 @@ int kc_gather_logprob(float *out, const float *logits, const float *lse, const i
                       const int32_t *targets, int n, int vocab, cudaStream_t s);
 
 /* ---- sampling (engine/sampling.c semantics, on the GPU) ---- */
+typedef struct { int32_t id; float bias; } kc_logit_bias; /* same layout as engine.h kda_logit_bias */
 typedef struct {
     int row;               /* logits row */
     float temperature, top_p, min_p, rep, pres, freq;
     int top_k;
-    int hist_off, n_prompt, n_gen; /* history in hist[hist_off ..]: prompt then generated */
+    int hist_off, n_prompt, n_gen; /* penalty history in hist[hist_off ..]: prompt then generated */
+    int bias_off, n_bias;  /* logit_bias entries bias[bias_off .. + n_bias) */
     int n_top;
     uint64_t seed, counter;
 } kc_sample_param;
 /* One block per param: tok[i] drawn, lp[i] its raw log-prob, top_ids/top_lps
  * [i, max_top] the n_top best raw. counts [n, vocab] 4-byte scratch. */
 int kc_sample(const kc_sample_param *p, int n, const float *logits, int vocab, const float *lse,
-              const int32_t *hist, int *counts, int32_t *tok, float *lp, int32_t *top_ids,
-              float *top_lps, int max_top, cudaStream_t s);
+              const int32_t *hist, const kc_logit_bias *bias, int *counts, int32_t *tok, float *lp,
+              int32_t *top_ids, float *top_lps, int max_top, cudaStream_t s);
 
 #ifdef __cplusplus
 }

@@ -1,6 +1,7 @@
 /* Built when the CUDA backend is not: --device cuda then fails with a clear message. */
 #include <stdio.h>
 
+#include "kc_bench.h"
 #include "model.h"
 
 int cuda_backend_create(backend **out, const backend_params *p, char *err, size_t errlen)
@@ -14,10 +15,8 @@ int cuda_backend_create(backend **out, const backend_params *p, char *err, size_
 int cuda_device_available(void) { return 0; }
 
 /* kda-cli bench's per-kernel table needs the CUDA build. */
-#include <stdio.h>
-int cuda_bench_kernels(FILE *json, FILE *table);
-int cuda_bench_kernels(FILE *json, FILE *table)
+int kc_bench_kernels(kc_bench_row *rows, int max)
 {
-    (void)json, (void)table;
+    (void)rows, (void)max;
     return KDA_EUNSUP;
 }

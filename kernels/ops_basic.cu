@@ -12,6 +12,8 @@
 
 int kc_pdl_on = 0;
 void kc_set_pdl(int on) { kc_pdl_on = on; }
+static int kc_gemv_persist_on = 1;
+void kc_set_gemv_persist(int on) { kc_gemv_persist_on = on; }
 
 __global__ void embed_kernel(float *h, const bf16 *E, const int32_t *ids, int D)
 {
@@ -26,6 +28,23 @@ int kc_embed(float *h, const uint16_t *E, const int32_t *ids, int T, int D, cuda
 {
     if (T <= 0) return 0;
     KC_LAUNCH(embed_kernel, dim3(T), dim3(256), 0, s, h, (const bf16 *)E, ids, D);
+    return 0;
+}
+
+__global__ void hist_kernel(int32_t *hist, int cap, const int32_t *ids, const int32_t *pos, const int32_t *slot,
+                            int T)
+{
+    KC_PDL_WAIT();
+    KC_PDL_TRIGGER();
+    const int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t < T && slot[t] >= 0) hist[(size_t)slot[t] * cap + pos[t]] = ids[t];
+}
+
+int kc_hist_append(int32_t *hist, int cap, const int32_t *ids, const int32_t *pos, const int32_t *slot, int T,
+                   cudaStream_t s)
+{
+    if (T <= 0) return 0;
+    KC_LAUNCH(hist_kernel, dim3((T + 255) / 256), dim3(256), 0, s, hist, cap, ids, pos, slot, T);
     return 0;
 }
 
@@ -269,15 +288,14 @@ static int gemv_launch(void *y, int ldy, const bf16 *W, int N, int K, const void
     }
     const int S = gemv_split(N, K / 8, OUT == KC_OUT_SWIGLU ? 2 : 1), rows = GEMV_WARPS / S;
     const int groups = (N + rows - 1) / rows;
-    /* persistent: at most the blocks resident at once (KDA_GEMV_PERSIST=0:
+    /* persistent: at most the blocks resident at once (kc_set_gemv_persist(0):
      * one row group per block) */
     static int resident = -1;
     if (resident < 0) { /* first call: outside graph capture (see above) */
         int nb = 0, dev = 0, sms = 0;
-        const char *pe = getenv("KDA_GEMV_PERSIST");
         cudaGetDevice(&dev);
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-        if ((pe && !strcmp(pe, "0")) ||
+        if (!kc_gemv_persist_on ||
             cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, gemv_kernel<T, IN, OUT>, GEMV_WARPS * 32, smem) != cudaSuccess ||
             nb <= 0 || sms <= 0) {
             cudaGetLastError();

@@ -45,12 +45,6 @@ struct kc_gemm_lt {
     lt_plan plan[LT_MAX_PLANS];
 };
 
-static int env_flag(const char *name, int dflt)
-{
-    const char *v = getenv(name);
-    if (!v || !*v) return dflt;
-    return atoi(v);
-}
 
 /* alignment of a device address, capped at 256 bytes */
 static unsigned ptr_align(const void *p)
@@ -80,7 +74,7 @@ static lt_plan *plan_find(kc_gemm_lt *g, int T, int N, int K, int ldx, int ldy, 
     return NULL;
 }
 
-extern "C" kc_gemm_lt *kc_gemm_lt_create(size_t workspace_bytes, void *workspace)
+extern "C" kc_gemm_lt *kc_gemm_lt_create(size_t workspace_bytes, void *workspace, int verbose, int flush_l2, int splitk)
 {
     kc_gemm_lt *g = (kc_gemm_lt *)calloc(1, sizeof(kc_gemm_lt));
     if (!g) return NULL;
@@ -90,9 +84,9 @@ extern "C" kc_gemm_lt *kc_gemm_lt_create(size_t workspace_bytes, void *workspace
     }
     g->ws = workspace;
     g->ws_size = workspace ? workspace_bytes : 0;
-    g->verbose = env_flag("KDA_GEMM_VERBOSE", 0);
-    g->flush_on = env_flag("KDA_GEMM_TUNE_FLUSH", 1);
-    g->splitk_on = env_flag("KDA_GEMM_SPLITK", 1);
+    g->verbose = verbose;
+    g->flush_on = flush_l2;
+    g->splitk_on = splitk;
     return g;
 }
 
@@ -112,14 +106,6 @@ extern "C" void kc_gemm_lt_destroy(kc_gemm_lt *g)
     kc_gemm_lt_release_scratch(g);
     cublasLtDestroy(g->lt);
     free(g);
-}
-
-extern "C" int kc_gemm_lt_num_plans(const kc_gemm_lt *g)
-{
-    int n = 0;
-    if (!g) return 0;
-    for (int i = 0; i < LT_MAX_PLANS; i++) n += g->plan[i].used && !g->plan[i].use_default;
-    return n;
 }
 
 /* ---- tuning ---- */

@@ -443,12 +443,6 @@ __global__ void __launch_bounds__(256) kda_lowrank_kernel(kc_kda_args a, int T, 
     }
 }
 
-static bool getenv_flag(const char *name)
-{
-    const char *v = getenv(name);
-    return v && *v && strcmp(v, "0") != 0;
-}
-
 int kc_kda_step(const kc_kda_args *a, cudaStream_t s)
 {
     if (a->n_items <= 0) return 0;
@@ -468,7 +462,7 @@ int kc_kda_step(const kc_kda_args *a, cudaStream_t s)
     }
     const int NT = a->V / KT_COLS;
     const bool tiled = a->lowrank && a->V % KT_COLS == 0 && NT <= 8 && (a->K == 32 || a->K == 64 || a->K == 128) &&
-                       a->slot_stride % 4 == 0 && ((uintptr_t)a->state & 15) == 0 && getenv_flag("KDA_KDA_TILED");
+                       a->slot_stride % 4 == 0 && ((uintptr_t)a->state & 15) == 0 && a->tiled;
     if (tiled) {
         cudaLaunchConfig_t cfg = {};
         cfg.blockDim = dim3(256);
@@ -482,10 +476,9 @@ int kc_kda_step(const kc_kda_args *a, cudaStream_t s)
         at[1].val.programmaticStreamSerializationAllowed = 1;
         cfg.attrs = at;
         cfg.numAttrs = kc_pdl_on ? 2 : 1;
-        /* KDA_KDA_TILE_OCC=3: 3 blocks per SM (80 registers, small spills)
-         * instead of 2 (128 registers, none) */
-        const char *oc = getenv("KDA_KDA_TILE_OCC");
-        const int occ3 = oc && !strcmp(oc, "3");
+        /* tile_occ 3: 3 blocks per SM (80 registers, small spills) instead
+         * of 2 (128 registers, none) */
+        const int occ3 = a->tile_occ == 3;
         void (*kern)(kc_kda_args) =
             occ3 ? (a->K == 32 ? kda_step_tile_kernel<32, 3> : a->K == 64 ? kda_step_tile_kernel<64, 3> : kda_step_tile_kernel<128, 3>)
                  : (a->K == 32 ? kda_step_tile_kernel<32, 2> : a->K == 64 ? kda_step_tile_kernel<64, 2> : kda_step_tile_kernel<128, 2>);
@@ -504,8 +497,7 @@ int kc_kda_step(const kc_kda_args *a, cudaStream_t s)
         }
         const int nwork = a->n_items * a->H;
         int ncl = nwork < max_cl[ki][NT] ? nwork : max_cl[ki][NT];
-        const char *cap = getenv("KDA_KDA_TILE_CLUSTERS"); /* tests: force clusters to walk several items */
-        if (cap && atoi(cap) > 0 && atoi(cap) < ncl) ncl = atoi(cap);
+        if (a->tile_clusters > 0 && a->tile_clusters < ncl) ncl = a->tile_clusters; /* tests: clusters walk several items */
         cfg.gridDim = dim3(ncl * NT);
         cudaError_t e = cudaLaunchKernelEx(&cfg, kern, *a);
         if (e != cudaSuccess) {

@@ -72,6 +72,7 @@ static __device__ uint64_t bisect_key(const float *v, const float *p, const unsi
 
 __global__ void __launch_bounds__(SAMPLE_THREADS)
 sample_kernel(const kc_sample_param *P, const float *logits, int vocab, const float *lse, const int32_t *hist,
+              const kc_logit_bias *bias,
               int *counts, int32_t *tok_out, float *lp_out, int32_t *top_ids, float *top_lps, int max_top)
 {
     extern __shared__ float sm[];
@@ -108,6 +109,12 @@ sample_kernel(const kc_sample_param *P, const float *logits, int vocab, const fl
 
     for (int i = tid; i < vocab; i += blockDim.x) l[i] = x[i];
     for (int i = tid; i < (vocab + 31) / 32; i += blockDim.x) seen[i] = 0;
+    __syncthreads();
+    if (tid == 0) /* in order: a repeated id gets every bias, as on the CPU */
+        for (int k = 0; k < pr.n_bias; k++) {
+            const kc_logit_bias e = bias[pr.bias_off + k];
+            if (e.id >= 0 && e.id < vocab) l[e.id] += e.bias;
+        }
     __syncthreads();
     const int32_t *hp = hist + pr.hist_off, *hg = hp + pr.n_prompt;
     if (pr.rep != 1.0f && pr.rep > 0.0f) { /* once per distinct id of prompt + generated */
@@ -180,7 +187,7 @@ sample_kernel(const kc_sample_param *P, const float *logits, int vocab, const fl
         for (int i = tid; i < vocab; i += blockDim.x)
             if (kept[i]) tot += (double)p[i];
         tot = block_sum_d(tot, redd);
-        const double u = kc_rng_uniform(pr.seed, pr.counter) * tot;
+        const double u = kda_rng_uniform(pr.seed, pr.counter) * tot;
         /* token = the kept element with the largest key k such that mass(keys >= k) > u */
         uint64_t kd;
         if (tot > u) {
@@ -219,7 +226,8 @@ sample_kernel(const kc_sample_param *P, const float *logits, int vocab, const fl
 }
 
 int kc_sample(const kc_sample_param *p, int n, const float *logits, int vocab, const float *lse, const int32_t *hist,
-              int *counts, int32_t *tok, float *lp, int32_t *top_ids, float *top_lps, int max_top, cudaStream_t s)
+              const kc_logit_bias *bias, int *counts, int32_t *tok, float *lp, int32_t *top_ids, float *top_lps,
+              int max_top, cudaStream_t s)
 {
     if (n <= 0) return 0;
     const size_t smem = (size_t)vocab * 4 + (size_t)(vocab + 31) / 32 * 4 + (size_t)vocab + 16;
@@ -229,7 +237,7 @@ int kc_sample(const kc_sample_param *p, int n, const float *logits, int vocab, c
             return -5; /* vocab too large for one block's shared memory */
         attr = smem;
     }
-    KC_LAUNCH(sample_kernel, dim3(n), dim3(SAMPLE_THREADS), smem, s, p, logits, vocab, lse, hist, counts, tok, lp,
+    KC_LAUNCH(sample_kernel, dim3(n), dim3(SAMPLE_THREADS), smem, s, p, logits, vocab, lse, hist, bias, counts, tok, lp,
               top_ids, top_lps, max_top);
     return 0;
 }

@@ -2,11 +2,12 @@
 # Run ON THE GPU MACHINE (after scripts/gpu-prepare.sh here): the whole-model
 # test and the decode benchmark under the backend's switches, to attribute a
 # failure or a speed change to one component. No baseline (see gpu-session.sh).
-#   KDA_PDL=0               programmatic dependent launch off
-#   KDA_KDA_TILED=1         persistent column-tiled cluster KDA kernel (KDA_KDA_TILE_OCC=3: 3 blocks/SM)
-#   KDA_GEMV_PERSIST=0      one row group per GEMV block instead of persistent blocks
-#   KDA_CUDA_GEMM_LT=0      plain cublasGemmEx instead of the tuned cuBLASLt plans
-#   KDA_CUDA_GRAPHS=0       no CUDA graphs
+# Each variant is a KDA_TUNING value (engine.h kda_tuning; bench/NOTES.md):
+#   pdl=0                   programmatic dependent launch off
+#   kda_tiled=1             persistent column-tiled cluster KDA kernel (kda_tile_occ=3: 3 blocks/SM)
+#   gemv_persist=0          one row group per GEMV block instead of persistent blocks
+#   gemm_lt=0               plain cublasGemmEx instead of the tuned cuBLASLt plans
+#   graphs=0                no CUDA graphs
 # Logs: $OUT/variants.txt (summary) and $OUT/logs.tgz.
 source "$(dirname "$0")/gpu-env.sh"
 {
@@ -20,17 +21,17 @@ source "$(dirname "$0")/gpu-env.sh"
     > "$LOG/memcheck.txt" 2>&1; echo "rc=$?"
   grep -E "ERROR SUMMARY|PASSED|FAILED" "$LOG/memcheck.txt" | tail -4; }
   wait $gen_pid
-  for v in "" ${KDA_VARIANTS_MODEL-"KDA_KDA_TILED=1"}; do
+  for v in "" ${KDA_VARIANTS_MODEL-"kda_tiled=1"}; do
     echo "== test_cuda_model ${v:-defaults} (with the 1.7B case)"
-    ours $v KDA_TEST_MODEL_17B=$M17 timeout 240 $B/tests/kernels/test_cuda_model > "$LOG/tcm.txt" 2>&1; echo "rc=$?"
+    ours KDA_TUNING="$v" KDA_TEST_MODEL_17B=$M17 timeout 240 $B/tests/kernels/test_cuda_model > "$LOG/tcm.txt" 2>&1; echo "rc=$?"
     grep -E "positions|cuda vs|bf16-act vs|vs alone|reuse|PASSED|FAILED" "$LOG/tcm.txt" | head -40
     cat "$LOG/tcm.txt" >> "$LOG/tcm_all.txt"
   done
   echo "== bench defaults"
   ours timeout 150 $B/cli/kda-cli bench "$M17" --json "$OUT/ours.json" 2>&1 | grep -E "kda|attn|gemv T=1|decode|cuda:"
-  for v in ${KDA_VARIANTS_BENCH-"KDA_KDA_TILED=1" "KDA_KDA_TILED=1,KDA_KDA_TILE_OCC=3" "KDA_GEMV_PERSIST=0" "KDA_PDL=0"}; do
+  for v in ${KDA_VARIANTS_BENCH-"kda_tiled=1" "kda_tiled=1,kda_tile_occ=3" "gemv_persist=0" "pdl=0"}; do
     echo "== bench $v (decode only)"
-    ours ${v//,/ } timeout 100 $B/cli/kda-cli bench "$M17" --no-kernels 2>&1 | grep -E "decode B"
+    ours KDA_TUNING="$v" timeout 100 $B/cli/kda-cli bench "$M17" --no-kernels 2>&1 | grep -E "decode B"
   done
 } 2>&1 | tee "$OUT/variants.txt"
 tar czf "$OUT/logs.tgz" -C /tmp kda-logs

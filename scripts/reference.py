@@ -72,7 +72,7 @@ def main():
     ap.add_argument("--chunked", action="store_true", help="chunked KDA form instead of per-token")
     ap.add_argument("--logits-out", help="write [T, vocab] teacher-forced logits as raw fp32")
     ap.add_argument("--bf16-act", action="store_true",
-                    help="round activations to bf16 where the CUDA backend stores them (kda-cli: KDA_CPU_BF16_ACT=1)")
+                    help="round activations to bf16 where the CUDA backend stores them (kda-cli: --tuning cpu_bf16_act=1)")
     a = ap.parse_args()
     toks = [int(x) for x in a.tokens.split(",") if x.strip()] if a.tokens else None
     out = run(a.ckpt, toks, a.text, a.greedy, a.fp32, a.chunked, a.logits_out, a.bf16_act)

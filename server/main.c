@@ -33,6 +33,7 @@ typedef struct {
     int port, max_batch, max_queue, max_seq_len, threads, http_threads, step_tokens, prefill_chunk;
     double grace_s, heartbeat_s, gpu_mem_fraction;
     long max_body;
+    kda_tuning tuning;   /* $KDA_TUNING, then --tuning on top */
 } flags;
 
 static void usage(FILE *f)
@@ -59,6 +60,10 @@ static void usage(FILE *f)
         "  --grace-seconds S      on SIGTERM/SIGINT, time given to running requests (default 30)\n"
         "  --api-key KEY          require \"Authorization: Bearer KEY\" (not on /health, /metrics)\n"
         "  --api-key-file PATH    same, key read from the file's first line\n"
+        "  --tuning k=v,...       kernel variants and switches, also from $KDA_TUNING (--tuning wins):\n"
+        "                         gemv_max_t graphs pdl gemm_lt gemm_verbose gemm_tune_flush gemm_splitk\n"
+        "                         gemv_persist kda_tiled kda_tile_occ kda_tile_clusters attn_split\n"
+        "                         cpu_bf16_act (defaults are the measured best; bench/NOTES.md)\n"
         "  --log-level L          error|warn|info|debug (default info)\n"
         "  --help                 this text\n", KDA_DEFAULT_MODEL);
 }
@@ -94,6 +99,14 @@ static int parse_flags(int argc, char **argv, flags *f)
     *f = (flags){.host = "127.0.0.1", .device = "cpu", .port = 8080, .max_batch = 32, .max_queue = 256,
                  .http_threads = 4, .step_tokens = 512, .prefill_chunk = 128, .grace_s = 30,
                  .heartbeat_s = 15, .max_body = 8 << 20};
+    kda_tuning_defaults(&f->tuning);
+    {
+        char err[256];
+        if (kda_tuning_from_env(&f->tuning, err, sizeof err)) {
+            fprintf(stderr, "kda-server: KDA_TUNING: %s\n", err);
+            return -1;
+        }
+    }
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); return 1; }
@@ -115,6 +128,13 @@ static int parse_flags(int argc, char **argv, flags *f)
             f->device = v;
         }
         else if (!strcmp(a, "--api-key")) f->api_key = v;
+        else if (!strcmp(a, "--tuning")) {
+            char err[256];
+            if (kda_tuning_parse(&f->tuning, v, err, sizeof err)) {
+                fprintf(stderr, "kda-server: --tuning: %s\n", err);
+                return -1;
+            }
+        }
         else if (!strcmp(a, "--api-key-file")) f->api_key_file = v;
         else if (!strcmp(a, "--log-level")) {
             int l = srv_log_parse_level(v);
@@ -261,7 +281,7 @@ int main(int argc, char **argv)
     }
     kda_engine_opts eo = {.model_dir = model, .device = f.device, .threads = f.threads, .max_seqs = f.max_batch,
                           .max_seq_len = f.max_seq_len, .gpu_mem_fraction = f.gpu_mem_fraction,
-                          .verbose = srv_log_level >= SRV_LOG_DEBUG};
+                          .tuning = &f.tuning, .verbose = srv_log_level >= SRV_LOG_DEBUG};
     int erc = kda_engine_open(&e, &eo, err, sizeof err);
     if (erc) {
         srv_log(SRV_LOG_ERROR, "engine: %s (%s)", err, kda_strerror(erc));

@@ -63,7 +63,6 @@ struct sched {
     kda_batch_item *items;      /* [max_batch] */
     run_seq **item_seq;         /* [max_batch] */
     int32_t *targets;           /* [max_batch * prefill_chunk] */
-    float *logits;              /* [prefill_chunk * vocab], lazily: prompt top-n only */
     sched_client **wake;        /* clients to wake after this iteration, one ref each */
     int n_wake, wake_cap;
     char *emit; size_t emit_len, emit_cap;  /* text of one token, stop strings applied */
@@ -233,8 +232,7 @@ static run_seq *run_seq_new(const tok_tokenizer *tok, sched_client *c, sched_tas
     r->samp = (kda_sampling){
         .temperature = t->temperature, .top_k = t->top_k, .top_p = t->top_p, .min_p = t->min_p,
         .repetition_penalty = t->repetition_penalty, .presence_penalty = t->presence_penalty,
-        .frequency_penalty = t->frequency_penalty, .seed = t->seed,
-        .prompt_tokens = t->prompt, .n_prompt = t->n_prompt, .gen_tokens = r->gen, .n_gen = 0,
+        .frequency_penalty = t->frequency_penalty, .seed = t->seed, .n_prompt = t->n_prompt,
     };
     return r;
 }
@@ -301,7 +299,6 @@ static void on_token(sched *s, run_seq *r, int32_t id, float lp)
     sched_task *t = r->t;
     double now = srv_now();
     r->gen[r->n_gen++] = id;
-    r->samp.n_gen = r->n_gen;
     if (r->n_gen == 1) metrics_ttft(now - t->t_submit);
     else metrics_itl(now - r->t_last);
     r->t_last = now;
@@ -347,30 +344,11 @@ static void on_token(sched *s, run_seq *r, int32_t id, float lp)
     else wake_add(s, c);
 }
 
-/* log-softmax of one row of logits, then its n best (id, log-prob). */
-static void top_n(const float *x, int vocab, int n, int32_t *ids, float *lps)
-{
-    float mx = x[0];
-    for (int v = 1; v < vocab; v++) mx = x[v] > mx ? x[v] : mx;
-    double sum = 0;
-    for (int v = 0; v < vocab; v++) sum += exp((double)(x[v] - mx));
-    float lse = mx + (float)log(sum);
-    int k = 0;
-    for (int v = 0; v < vocab; v++) {
-        float lp = x[v] - lse;
-        if (k == n && lp <= lps[n - 1]) continue;
-        int j = k < n ? k++ : n - 1;
-        while (j > 0 && lps[j - 1] < lp) { lps[j] = lps[j - 1]; ids[j] = ids[j - 1]; j--; }
-        lps[j] = lp;
-        ids[j] = v;
-    }
-}
-
 /* ---- one step ---- */
 
 static void step(sched *s)
 {
-    int n = 0, budget = s->o.step_tokens, n_tok = 0, logits_used = 0;
+    int n = 0, budget = s->o.step_tokens, n_tok = 0;
     int C = s->o.prefill_chunk;
 
     for (int i = 0; i < s->n_run; i++) {
@@ -392,8 +370,6 @@ static void step(sched *s)
         int chunk = t->n_prompt - r->n_done < C ? t->n_prompt - r->n_done : C;
         /* Oldest first; a step always makes progress on at least one prompt. */
         if (chunk > budget && n > 0) break;
-        int want_top = t->prompt_logprobs && t->n_top > 0;
-        if (want_top && logits_used) continue;   /* one such chunk per step bounds the scratch */
         kda_batch_item *it = &s->items[n];
         *it = (kda_batch_item){.seq = r->seq, .tokens = t->prompt + r->n_done, .n_tokens = chunk};
         if (t->prompt_logprobs) {
@@ -404,15 +380,11 @@ static void step(sched *s)
             }
             it->targets = tg;
             it->target_logprobs = t->prompt_lps + r->n_done;
-        }
-        if (want_top) {
-            if (!s->logits) {
-                s->logits = malloc((size_t)C * (size_t)s->info->vocab_size * sizeof *s->logits);
-                if (!s->logits) { task_finish(s, r, SCHED_FINISH_ERROR, "out of memory for prompt logits"); continue; }
+            if (t->n_top > 0) {
+                it->n_top = t->n_top;
+                it->pos_top_ids = t->prompt_top_ids + (size_t)r->n_done * (size_t)t->n_top;
+                it->pos_top_logprobs = t->prompt_top_lps + (size_t)r->n_done * (size_t)t->n_top;
             }
-            it->logits = s->logits;
-            it->want_all_logits = 1;
-            logits_used = 1;
         }
         if (r->n_done + chunk == t->n_prompt && t->max_tokens > 0) {
             it->sampling = &r->samp;
@@ -447,12 +419,6 @@ static void step(sched *s)
         kda_batch_item *it = &s->items[i];
         if (r->finish) continue;
         if (r->n_done < t->n_prompt) {
-            if (it->want_all_logits)
-                for (int j = 0; j < it->n_tokens; j++) {
-                    size_t k = (size_t)(r->n_done + j) * (size_t)t->n_top;
-                    top_n(s->logits + (size_t)j * (size_t)s->info->vocab_size, s->info->vocab_size, t->n_top,
-                          t->prompt_top_ids + k, t->prompt_top_lps + k);
-                }
             r->n_done += it->n_tokens;
             if (r->n_done < t->n_prompt) continue;
             if (t->max_tokens == 0) { task_finish(s, r, SCHED_FINISH_LENGTH, NULL); continue; }
@@ -547,12 +513,9 @@ static void admit(sched *s)
     int waiting = s->n_queued;
     pthread_mutex_unlock(&s->mu);
     metrics_queue(waiting, s->n_run);
-    int total = s->info->max_seqs;
-    int used = total - kda_seqs_free_slots(s->e);
-    double bytes = (double)used * (double)s->info->state_bytes_per_seq;
-    for (int i = 0; i < s->n_run; i++)
-        bytes += (double)kda_seq_len(s->e, s->running[i]->seq) * (double)s->info->kv_bytes_per_token;
-    metrics_pool(used, total, bytes);
+    kda_usage u;
+    kda_engine_usage(s->e, &u);
+    metrics_pool(u.seqs_used, u.seqs_total, (double)(u.kv_bytes_used + u.state_bytes_used));
 }
 
 /* Streams that have been quiet for heartbeat_s get a keep-alive comment, which
@@ -731,6 +694,6 @@ void sched_stop(sched *s)
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     free(s->running); free(s->items); free(s->item_seq); free(s->targets);
-    free(s->logits); free(s->wake); free(s->emit);
+    free(s->wake); free(s->emit);
     free(s);
 }

@@ -191,6 +191,87 @@ static void test_bad_steps_are_refused_and_change_nothing(void **st)
     kda_engine_close(e);
 }
 
+/* Everything a backend relies on is checked by the engine before any work:
+ * a bad sampling or output field on one item refuses the step and no
+ * sequence in it advances, so a backend step can fail only for device reasons. */
+static void test_sampling_and_output_fields_are_validated_before_any_work(void **st)
+{
+    (void)st;
+    kda_engine *e = open_tiny(2);
+    const int V = kda_engine_info(e)->vocab_size;
+    char err[512];
+    int s, other;
+    assert_int_equal(kda_seq_new(e, &s, err, sizeof err), 0);
+    assert_int_equal(kda_seq_new(e, &other, err, sizeof err), 0);
+    int32_t good[3] = {1, 2, 3}, tok = 5, sampled = -1;
+    kda_logit_bias bias[1] = {{V, 1.0f}};
+    kda_sampling sp = {.temperature = 0, .top_p = 1, .repetition_penalty = 1, .n_prompt = 1,
+                       .logit_bias = bias, .n_logit_bias = 1};
+    kda_batch_item items[2] = {{.seq = other, .tokens = good, .n_tokens = 3},
+                               {.seq = s, .tokens = &tok, .n_tokens = 1, .sampling = &sp, .sampled = &sampled}};
+    assert_int_equal(kda_engine_step(e, items, 2, err, sizeof err), KDA_EINVAL);
+    assert_non_null(strstr(err, "logit_bias"));
+    bias[0] = (kda_logit_bias){3, NAN};
+    assert_int_equal(kda_engine_step(e, items, 2, err, sizeof err), KDA_EINVAL);
+    bias[0] = (kda_logit_bias){3, 1e4f};
+    sp.n_prompt = 2; /* the sequence will hold 1 token after this step */
+    assert_int_equal(kda_engine_step(e, items, 2, err, sizeof err), KDA_EINVAL);
+    assert_non_null(strstr(err, "n_prompt"));
+    sp.n_prompt = 1;
+    items[1].n_top = KDA_MAX_TOP + 1;
+    assert_int_equal(kda_engine_step(e, items, 2, err, sizeof err), KDA_EINVAL);
+    items[1].n_top = 0;
+    int32_t tg[3] = {2, V, -1};
+    float lp[3];
+    items[0].targets = tg, items[0].target_logprobs = lp;
+    assert_int_equal(kda_engine_step(e, items, 2, err, sizeof err), KDA_EINVAL);
+    assert_non_null(strstr(err, "target"));
+    assert_int_equal(kda_seq_len(e, s), 0);
+    assert_int_equal(kda_seq_len(e, other), 0);
+    tg[1] = 3;
+    assert_int_equal(kda_engine_step(e, items, 2, err, sizeof err), 0);
+    assert_int_equal(sampled, 3); /* greedy after a +1e4 bias on token 3 */
+    assert_int_equal(kda_seq_len(e, s), 1);
+    kda_engine_close(e);
+}
+
+/* The engine keeps each sequence's history: a repetition penalty over the
+ * prompt applies with nothing but n_prompt from the caller, and the per-token
+ * draw counter is the number of tokens generated so far. */
+static void test_penalties_read_the_sequence_history_kept_by_the_engine(void **st)
+{
+    (void)st;
+    kda_engine *e = open_tiny(1);
+    const int V = kda_engine_info(e)->vocab_size;
+    char err[512];
+    int s;
+    assert_int_equal(kda_seq_new(e, &s, err, sizeof err), 0);
+    int32_t prompt[4] = {7, 8, 9, 10};
+    float *lg = malloc((size_t)V * sizeof *lg);
+    int32_t greedy = -1;
+    kda_sampling g = {.temperature = 0, .top_p = 1, .repetition_penalty = 1, .n_prompt = 4};
+    kda_batch_item it = {.seq = s, .tokens = prompt, .n_tokens = 4, .logits = lg, .sampling = &g, .sampled = &greedy};
+    assert_int_equal(kda_engine_step(e, &it, 1, err, sizeof err), 0);
+    /* a second sequence whose prompt holds that token: with the penalty over
+     * the history (kept by the engine, not passed in) the draw is the argmax
+     * of the raw logits penalised at the prompt's ids, computed here */
+    kda_seq_free(e, s);
+    assert_int_equal(kda_seq_new(e, &s, err, sizeof err), 0);
+    int32_t p2[4] = {greedy, 8, 9, 10}, pen = -1;
+    kda_sampling rp = {.temperature = 0, .top_p = 1, .repetition_penalty = 3.0f, .n_prompt = 4};
+    it = (kda_batch_item){.seq = s, .tokens = p2, .n_tokens = 4, .logits = lg, .sampling = &rp, .sampled = &pen};
+    assert_int_equal(kda_engine_step(e, &it, 1, err, sizeof err), 0);
+    for (int k = 0; k < 4; k++) {
+        float *x = &lg[p2[k]];
+        if (k == 0 || p2[k] != p2[0]) *x = *x > 0 ? *x / 3.0f : *x * 3.0f;
+    }
+    int best = 0;
+    for (int v = 1; v < V; v++) best = lg[v] > lg[best] ? v : best;
+    assert_int_equal(pen, best);
+    free(lg);
+    kda_engine_close(e);
+}
+
 static void test_target_logprobs_equal_log_softmax_of_logits(void **st)
 {
     (void)st;
@@ -257,6 +338,8 @@ int main(void)
         cmocka_unit_test(test_batched_step_equals_each_sequence_alone),
         cmocka_unit_test(test_freed_slot_is_reused_with_clean_state),
         cmocka_unit_test(test_bad_steps_are_refused_and_change_nothing),
+        cmocka_unit_test(test_sampling_and_output_fields_are_validated_before_any_work),
+        cmocka_unit_test(test_penalties_read_the_sequence_history_kept_by_the_engine),
         cmocka_unit_test(test_target_logprobs_equal_log_softmax_of_logits),
         cmocka_unit_test(test_open_errors_name_the_problem),
         cmocka_unit_test(test_wrong_tensor_shape_names_the_tensor),

@@ -266,37 +266,43 @@ static void test_matmul_view_handles_interleaved_rows(void **st)
         }
 }
 
+static void *sample_work(int vocab) { return calloc(1, sampling_work_bytes(vocab)); }
+
 static void test_greedy_sampling_is_argmax_with_lowest_id_on_ties(void **st)
 {
     (void)st;
-    float l[6] = {0.1f, 3.0f, -1.0f, 3.0f, 2.0f, 0.0f}, work[12];
+    float l[6] = {0.1f, 3.0f, -1.0f, 3.0f, 2.0f, 0.0f};
+    void *work = sample_work(6);
     kda_sampling s = {.temperature = 0.0f, .top_p = 1.0f, .repetition_penalty = 1.0f};
-    assert_int_equal(sampling_draw(l, 6, &s, work), 1);
+    assert_int_equal(sampling_draw(l, 6, &s, NULL, 0, work), 1);
     s.temperature = 1.0f;
     s.top_k = 1;
-    assert_int_equal(sampling_draw(l, 6, &s, work), 1);
+    assert_int_equal(sampling_draw(l, 6, &s, NULL, 0, work), 1);
+    free(work);
 }
 
 static void test_sampling_follows_softmax_and_is_seed_deterministic(void **st)
 {
     (void)st;
     enum { NV = 4, DRAWS = 20000 };
-    float l[NV] = {0.0f, 1.0f, 2.0f, -1.0f}, work[2 * NV];
+    float l[NV] = {0.0f, 1.0f, 2.0f, -1.0f};
     int count[NV] = {0};
+    int32_t *hist = calloc(DRAWS, sizeof *hist); /* the counter is the history length past the prompt */
+    void *work = sample_work(NV);
     kda_sampling s = {.temperature = 1.0f, .top_p = 1.0f, .repetition_penalty = 1.0f, .seed = 42};
-    for (int i = 0; i < DRAWS; i++) {
-        s.n_gen = i;
-        count[sampling_draw(l, NV, &s, work)]++;
-    }
+    for (int i = 0; i < DRAWS; i++) count[sampling_draw(l, NV, &s, hist, i, work)]++;
     double z = 0;
     for (int i = 0; i < NV; i++) z += exp(l[i]);
     for (int i = 0; i < NV; i++) {
         double p = exp(l[i]) / z, sd = sqrt(DRAWS * p * (1 - p));
         if (fabs(count[i] - DRAWS * p) > 5 * sd) fail_msg("token %d drawn %d times, expected %.0f", i, count[i], DRAWS * p);
     }
-    s.n_gen = 7;
-    int a = sampling_draw(l, NV, &s, work), b = sampling_draw(l, NV, &s, work);
+    int a = sampling_draw(l, NV, &s, hist, 7, work), b = sampling_draw(l, NV, &s, hist, 7, work);
     assert_int_equal(a, b);
+    /* the prompt part of the history does not move the counter */
+    s.n_prompt = 5;
+    assert_int_equal(sampling_draw(l, NV, &s, hist, 12, work), a);
+    free(hist), free(work);
 }
 
 static void test_top_p_and_min_p_restrict_the_support(void **st)
@@ -304,33 +310,112 @@ static void test_top_p_and_min_p_restrict_the_support(void **st)
     (void)st;
     enum { NV = 5 };
     /* probabilities ~ 0.64, 0.24, 0.09, 0.03, 0.005 */
-    float l[NV] = {3.0f, 2.0f, 1.0f, 0.0f, -2.0f}, work[2 * NV];
+    float l[NV] = {3.0f, 2.0f, 1.0f, 0.0f, -2.0f};
+    int32_t hist[2000] = {0};
+    void *work = sample_work(NV);
     kda_sampling s = {.temperature = 1.0f, .top_p = 0.8f, .repetition_penalty = 1.0f, .seed = 1};
-    for (int i = 0; i < 2000; i++) {
-        s.n_gen = i;
-        assert_true(sampling_draw(l, NV, &s, work) <= 1); /* 0.64 < 0.8 <= 0.88 */
-    }
+    for (int i = 0; i < 2000; i++) assert_true(sampling_draw(l, NV, &s, hist, i, work) <= 1); /* 0.64 < 0.8 <= 0.88 */
     s.top_p = 1.0f;
     s.min_p = 0.2f; /* keeps p >= 0.128: tokens 0, 1 */
-    for (int i = 0; i < 2000; i++) {
-        s.n_gen = i;
-        assert_true(sampling_draw(l, NV, &s, work) <= 1);
-    }
+    for (int i = 0; i < 2000; i++) assert_true(sampling_draw(l, NV, &s, hist, i, work) <= 1);
+    free(work);
 }
 
 static void test_penalties_change_the_greedy_choice(void **st)
 {
     (void)st;
-    float l[3] = {2.0f, 1.9f, -5.0f}, work[6];
-    int32_t prompt[1] = {0}, gen[2] = {0, 0};
-    kda_sampling s = {.temperature = 0.0f, .top_p = 1.0f, .repetition_penalty = 1.2f, .prompt_tokens = prompt, .n_prompt = 1};
-    assert_int_equal(sampling_draw(l, 3, &s, work), 1); /* 2.0 / 1.2 < 1.9 */
+    float l[3] = {2.0f, 1.9f, -5.0f};
+    void *work = sample_work(3);
+    int32_t hist[3] = {0, 0, 0}; /* prompt [0], then generated 0, 0 */
+    kda_sampling s = {.temperature = 0.0f, .top_p = 1.0f, .repetition_penalty = 1.2f, .n_prompt = 1};
+    assert_int_equal(sampling_draw(l, 3, &s, hist, 1, work), 1); /* 2.0 / 1.2 < 1.9 */
     kda_sampling f = {.temperature = 0.0f, .top_p = 1.0f, .repetition_penalty = 1.0f, .frequency_penalty = 0.06f,
-                      .gen_tokens = gen, .n_gen = 2};
-    assert_int_equal(sampling_draw(l, 3, &f, work), 1); /* 2.0 - 0.12 < 1.9 */
+                      .n_prompt = 1};
+    assert_int_equal(sampling_draw(l, 3, &f, hist, 3, work), 1); /* 2.0 - 0.12 < 1.9 */
     f.frequency_penalty = 0.04f;
-    assert_int_equal(sampling_draw(l, 3, &f, work), 0);
+    assert_int_equal(sampling_draw(l, 3, &f, hist, 3, work), 0);
+    /* frequency and presence count generated tokens only: the prompt's 0 does not */
+    f.frequency_penalty = 0.2f;
+    assert_int_equal(sampling_draw(l, 3, &f, hist, 1, work), 0);
     assert_true(l[0] == 2.0f); /* logits untouched */
+    free(work);
+}
+
+static void test_logit_bias_is_added_before_everything_and_bans(void **st)
+{
+    (void)st;
+    float l[4] = {1.0f, 0.5f, 0.0f, 0.2f};
+    void *work = sample_work(4);
+    int32_t hist[1] = {0};
+    kda_logit_bias bias[2] = {{0, -INFINITY}, {2, 0.9f}};
+    kda_sampling s = {.temperature = 0.0f, .top_p = 1.0f, .repetition_penalty = 1.0f, .logit_bias = bias,
+                      .n_logit_bias = 2};
+    assert_int_equal(sampling_draw(l, 4, &s, hist, 0, work), 2); /* 0.0 + 0.9 beats 0.5; 0 is banned */
+    s.temperature = 1.0f;
+    for (int i = 0; i < 500; i++) assert_true(sampling_draw(l, 4, &s, hist, 0, work) != 0);
+    free(work);
+}
+
+/* An independent sampler written the obvious way (sort everything), for the
+ * partition-based one to agree with on random logits and settings. */
+typedef struct { float v; int id; } ref_cand;
+static int ref_desc(const void *a, const void *b)
+{
+    const ref_cand *x = a, *y = b;
+    if (x->v != y->v) return x->v > y->v ? -1 : 1;
+    return x->id - y->id;
+}
+static int ref_draw(const float *l, int vocab, const kda_sampling *s, uint64_t counter)
+{
+    ref_cand *c = malloc((size_t)vocab * sizeof *c);
+    double *p = malloc((size_t)vocab * sizeof *p);
+    for (int i = 0; i < vocab; i++) c[i] = (ref_cand){l[i] / s->temperature, i};
+    qsort(c, (size_t)vocab, sizeof *c, ref_desc);
+    int n = s->top_k > 0 && s->top_k < vocab ? s->top_k : vocab;
+    double sum = 0;
+    for (int i = 0; i < n; i++) sum += p[i] = exp((double)c[i].v - c[0].v);
+    for (int i = 0; i < n; i++) p[i] /= sum;
+    if (s->top_p > 0 && s->top_p < 1) {
+        double cum = 0;
+        for (int i = 0; i < n; i++)
+            if ((cum += p[i]) >= s->top_p) { n = i + 1; break; }
+    }
+    if (s->min_p > 0) {
+        int k = 1;
+        while (k < n && p[k] >= s->min_p * p[0]) k++;
+        n = k;
+    }
+    double tot = 0, acc = 0;
+    for (int i = 0; i < n; i++) tot += p[i];
+    const double u = kda_rng_uniform(s->seed, counter) * tot;
+    int tok = c[n - 1].id;
+    for (int i = 0; i < n; i++)
+        if (u < (acc += p[i])) { tok = c[i].id; break; }
+    free(c), free(p);
+    return tok;
+}
+
+static void test_sampler_draws_what_a_full_sort_draws(void **st)
+{
+    (void)st;
+    enum { NV = 3000, CASES = 600 };
+    float *l = malloc(NV * sizeof *l);
+    void *work = sample_work(NV);
+    uint64_t r = 99;
+    int mism = 0;
+    for (int cs = 0; cs < CASES; cs++) {
+        for (int i = 0; i < NV; i++) {
+            r = r * 6364136223846793005ull + 1442695040888963407ull;
+            l[i] = (float)((double)(r >> 11) * 0x1.0p-53 * 12.0 - 6.0);
+            if (cs % 7 == 0) l[i] = (float)(int)l[i]; /* many exact ties */
+        }
+        kda_sampling s = {.temperature = 0.3f + (float)(cs % 9) * 0.25f, .repetition_penalty = 1.0f, .seed = (uint64_t)cs,
+                          .top_k = cs % 3 == 0 ? 1 + cs % 97 : 0, .top_p = cs % 4 == 1 ? 0.2f + 0.07f * (cs % 11) : 1.0f,
+                          .min_p = cs % 5 == 2 ? 0.02f * (cs % 6) : 0.0f};
+        mism += sampling_draw(l, NV, &s, NULL, 0, work) != ref_draw(l, NV, &s, 0);
+    }
+    assert_int_equal(mism, 0);
+    free(l), free(work);
 }
 
 static void test_top_n_logprobs_sorted_and_normalised(void **st)
@@ -366,6 +451,8 @@ int main(void)
         cmocka_unit_test(test_sampling_follows_softmax_and_is_seed_deterministic),
         cmocka_unit_test(test_top_p_and_min_p_restrict_the_support),
         cmocka_unit_test(test_penalties_change_the_greedy_choice),
+        cmocka_unit_test(test_logit_bias_is_added_before_everything_and_bans),
+        cmocka_unit_test(test_sampler_draws_what_a_full_sort_draws),
         cmocka_unit_test(test_top_n_logprobs_sorted_and_normalised),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -60,7 +60,7 @@ def compare(name, ckpt, tokens, greedy=8):
 
 
 def bf16_act_case(name, ckpt, rnd, vocab, n_prompts=7, length=8):
-    """KDA_CPU_BF16_ACT=1 (the C backend rounding activations where the CUDA
+    """KDA_TUNING=cpu_bf16_act=1 (the C backend rounding activations where the CUDA
     backend stores bf16: the yardstick of the GPU whole-model tests) against
     reference.py --bf16-act (the same rounding points, float64 PyTorch).
     Until some activation lies within fp32 noise of a bf16 rounding boundary,
@@ -71,7 +71,7 @@ def bf16_act_case(name, ckpt, rnd, vocab, n_prompts=7, length=8):
     more than TOL (it really happens). (One llama-tiny prompt starting with
     BOS showed such a flip at position 0.)"""
     worsts, moves = [], []
-    env = dict(os.environ, KDA_CPU_BF16_ACT="1")
+    env = dict(os.environ, KDA_TUNING="cpu_bf16_act=1")
     for _ in range(n_prompts):
         # no shared first token: a near-tie there would repeat in every prompt
         toks = ",".join(map(str, [rnd.randrange(vocab) for _ in range(length)]))

@@ -31,16 +31,27 @@ static int gen(char *dir, size_t n, const char *args)
     return system(cmd) == 0 ? 0 : -1;
 }
 
-static kda_engine *open_engine(const char *dir, const char *dev, int max_seqs, int max_len)
+/* The engine under test; bf16_act: the CPU backend emulating the CUDA
+ * backend's bf16 activation storage (tuning cpu_bf16_act). Other tuning from
+ * KDA_TUNING, as the programs take it. */
+static kda_engine *open_engine_t(const char *dir, const char *dev, int max_seqs, int max_len, int bf16_act)
 {
-    kda_engine_opts o = {.model_dir = dir, .device = dev, .max_seqs = max_seqs, .max_seq_len = max_len,
-                         .gpu_mem_fraction = 0.5};
-    kda_engine *e = NULL;
+    kda_tuning tn;
     char err[512];
+    kda_tuning_defaults(&tn);
+    assert_int_equal(kda_tuning_from_env(&tn, err, sizeof err), 0);
+    tn.cpu_bf16_act = bf16_act;
+    kda_engine_opts o = {.model_dir = dir, .device = dev, .max_seqs = max_seqs, .max_seq_len = max_len,
+                         .gpu_mem_fraction = 0.5, .tuning = &tn};
+    kda_engine *e = NULL;
     int rc = kda_engine_open(&e, &o, err, sizeof err);
     if (rc) fprintf(stderr, "open %s on %s: %s\n", dir, dev, err);
     assert_int_equal(rc, 0);
     return e;
+}
+static kda_engine *open_engine(const char *dir, const char *dev, int max_seqs, int max_len)
+{
+    return open_engine_t(dir, dev, max_seqs, max_len, 0);
 }
 
 static void rand_tokens(int32_t *t, int n, int vocab)
@@ -101,7 +112,7 @@ static cmp_stats compare(const float *l, const float *ref, const float *tl, cons
  * model with real text.
  * contract = 0 (random-weight checkpoints): bf16 activation storage ALONE
  * already breaks that budget on these models (the CPU backend emulating it,
- * KDA_CPU_BF16_ACT=1, is off by up to ~5e-2: random weights amplify 1-ulp
+ * tuning cpu_bf16_act=1, is off by up to ~5e-2: random weights amplify 1-ulp
  * differences; an independent float64 check in PyTorch gives the same), so the
  * test asserts that the CUDA backend's deviation is no larger than what bf16
  * storage itself causes on the same tokens (mean within 1.5x, worst within
@@ -109,9 +120,7 @@ static cmp_stats compare(const float *l, const float *ref, const float *tl, cons
 static void check_teacher_forced_toks(const char *dir, const int32_t *toks, int n, int contract)
 {
     kda_engine *cpu = open_engine(dir, "cpu", 4, 512), *gpu = open_engine(dir, "cuda", 4, 512);
-    setenv("KDA_CPU_BF16_ACT", "1", 1);
-    kda_engine *emu = open_engine(dir, "cpu", 4, 512);
-    unsetenv("KDA_CPU_BF16_ACT");
+    kda_engine *emu = open_engine_t(dir, "cpu", 4, 512, 1);
     const int vocab = kda_engine_info(cpu)->vocab_size;
     float *lc = malloc((size_t)n * vocab * 4), *lg = malloc((size_t)n * vocab * 4), *le = malloc((size_t)n * vocab * 4);
     float *tc = malloc((size_t)n * 4), *tg = malloc((size_t)n * 4), *te = malloc((size_t)n * 4);
@@ -269,9 +278,7 @@ static void test_batch_of_64_equals_each_sequence_alone(void **st)
      * the CPU in fp32 and with bf16 activation storage emulated gives the
      * scale of difference that bf16 rounding alone makes on this input */
     kda_engine *cpu = open_engine(demo_dir, "cpu", 1, 512);
-    setenv("KDA_CPU_BF16_ACT", "1", 1);
-    kda_engine *emu = open_engine(demo_dir, "cpu", 1, 512);
-    unsetenv("KDA_CPU_BF16_ACT");
+    kda_engine *emu = open_engine_t(demo_dir, "cpu", 1, 512, 1);
     float *lc = malloc((size_t)STEPS * VOC * 4), *le = malloc((size_t)STEPS * VOC * 4);
     double worst = 0, worst_round = 0;
     int worst_i = -1;

@@ -164,6 +164,9 @@ static void test_embed_gathers_rows_and_zeroes_padding(void **st)
 }
 
 /* ---- KDA step ---- */
+/* 0: block per head; 1: tiled clusters walking several items; 2: tiled at 3 blocks/SM */
+static int kda_variant;
+
 static void run_kda_case(int H, int K, int taps, const int *ntok, const int *slots, int n_items, int lowrank)
 {
     const int V = K, R = V, HK = H * K, HV = H * V, C = 2 * HK + HV, P = taps - 1;
@@ -264,6 +267,9 @@ static void run_kda_case(int H, int K, int taps, const int *ntok, const int *slo
         a.lowrank = kt_dev_poison((size_t)T * (HK + HV) * 4);
         a.lowrank_rows = T;
     }
+    a.tiled = kda_variant > 0;
+    a.tile_clusters = kda_variant == 1 ? 3 : 0; /* each cluster walks several (item, head) */
+    a.tile_occ = kda_variant == 2 ? 3 : 2;
     assert_int_equal(kc_kda_step(&a, 0), 0);
     float *gy = kt_get_bf16(a.y, (size_t)T * HV), *gs = malloc(slot_stride * n_slots * 4);
     kt_get(gs, a.state, slot_stride * n_slots * 4);
@@ -299,9 +305,7 @@ static void test_kda_step_matches_reference(void **st)
      * column-tiled cluster kernel (needs the low-rank scratch) at 2 and 3
      * blocks per SM */
     for (int variant = 0; variant < 3; variant++) {
-    if (variant) setenv("KDA_KDA_TILED", "1", 1);
-    if (variant == 1) setenv("KDA_KDA_TILE_CLUSTERS", "3", 1); /* each cluster walks several (item, head) */
-    if (variant == 2) setenv("KDA_KDA_TILE_OCC", "3", 1);
+    kda_variant = variant;
     printf("kda step kernel variant %d\n", variant);
     for (int lr = 0; lr < 2; lr++) {
         { const int nt[] = {1, 3, 17, 2}, sl[] = {2, -1, 0, 3}; run_kda_case(2, 16, 4, nt, sl, 4, lr); }
@@ -309,10 +313,8 @@ static void test_kda_step_matches_reference(void **st)
         { const int nt[] = {1, 5, 1, 70}, sl[] = {0, 1, -1, 3}; run_kda_case(4, 128, 4, nt, sl, 4, lr); }
         { const int nt[] = {2, 1}, sl[] = {1, 2}; run_kda_case(2, 32, 3, nt, sl, 2, lr); }
     }
-    unsetenv("KDA_KDA_TILED");
-    unsetenv("KDA_KDA_TILE_CLUSTERS");
-    unsetenv("KDA_KDA_TILE_OCC");
     }
+    kda_variant = 0;
 }
 
 /* ---- GQA: qkv (norm + RoPE + append) and attention over a paged cache ---- */
@@ -434,6 +436,7 @@ static void test_sampler_matches_cpu_sampler(void **st)
         /* some exact ties, to pin the lowest-id rule */
         for (int r = 0; r < n; r += 5) logits[(size_t)r * vocab + 7] = logits[(size_t)r * vocab + 3] = 12.0f;
         int32_t hist[64 * 40];
+        kc_logit_bias bias[64 * 3];
         kc_sample_param p[64];
         kda_sampling cs[64];
         memset(p, 0, sizeof p);
@@ -449,23 +452,32 @@ static void test_sampler_matches_cpu_sampler(void **st)
             s->frequency_penalty = (i % 8 == 5) ? 0.25f : 0.0f;
             s->seed = 1000 + i;
             for (int k = 0; k < 40; k++) hist[i * 40 + k] = (int)(kt_u01() * 20); /* repeats */
-            s->prompt_tokens = hist + i * 40;
-            s->n_prompt = 25;
-            s->gen_tokens = hist + i * 40 + 25;
-            s->n_gen = 15;
+            s->n_prompt = 25; /* history: 25 prompt tokens, then 15 generated */
+            /* logit_bias on some rows: a ban of the best raw token, a boost, a repeated id */
+            if (i % 4 == 3) {
+                int best = 0;
+                for (int v = 1; v < vocab; v++) best = logits[(size_t)i * vocab + v] > logits[(size_t)i * vocab + best] ? v : best;
+                bias[i * 3 + 0] = (kc_logit_bias){best, -INFINITY};
+                bias[i * 3 + 1] = (kc_logit_bias){(best + 11) % vocab, 2.5f};
+                bias[i * 3 + 2] = (kc_logit_bias){(best + 11) % vocab, 0.5f};
+                s->logit_bias = (const kda_logit_bias *)&bias[i * 3];
+                s->n_logit_bias = 3;
+            }
             p[i] = (kc_sample_param){.row = i, .temperature = s->temperature, .top_p = s->top_p, .min_p = s->min_p,
                                      .rep = s->repetition_penalty, .pres = s->presence_penalty,
                                      .freq = s->frequency_penalty, .top_k = s->top_k, .hist_off = i * 40,
-                                     .n_prompt = 25, .n_gen = 15, .n_top = 5, .seed = s->seed, .counter = 15};
+                                     .n_prompt = 25, .n_gen = 15, .bias_off = i * 3, .n_bias = s->n_logit_bias,
+                                     .n_top = 5, .seed = s->seed, .counter = 15};
         }
         float *dl = kt_dev(logits, (size_t)n * vocab * 4), *dlse = kt_dev_poison((size_t)n * 4);
         kc_sample_param *dp = kt_dev(p, sizeof p);
         int32_t *dh = kt_dev(hist, sizeof hist);
+        kc_logit_bias *db = kt_dev(bias, sizeof bias);
         int *scratch = kt_dev(NULL, (size_t)n * vocab * 4);
         int32_t *dtok = kt_dev_poison(64 * 4), *dtop = kt_dev_poison(64 * 8 * 4);
         float *dlp = kt_dev_poison(64 * 4), *dtoplp = kt_dev_poison(64 * 8 * 4);
         assert_int_equal(kc_row_lse(dlse, dl, n, vocab, 0), 0);
-        assert_int_equal(kc_sample(dp, n, dl, vocab, dlse, dh, scratch, dtok, dlp, dtop, dtoplp, 8, 0), 0);
+        assert_int_equal(kc_sample(dp, n, dl, vocab, dlse, dh, db, scratch, dtok, dlp, dtop, dtoplp, 8, 0), 0);
         int32_t tok[64], top[64 * 8];
         float lp[64], toplp[64 * 8], lse[64];
         kt_get(tok, dtok, n * 4);
@@ -473,13 +485,13 @@ static void test_sampler_matches_cpu_sampler(void **st)
         kt_get(top, dtop, n * 8 * 4);
         kt_get(toplp, dtoplp, n * 8 * 4);
         kt_get(lse, dlse, n * 4);
-        float *work = malloc((size_t)2 * vocab * 4);
+        void *work = calloc(1, sampling_work_bytes(vocab));
         int mism = 0;
         for (int i = 0; i < n; i++) {
             const float *lg = logits + (size_t)i * vocab;
             const float l_ref = logsumexp_f32(lg, vocab);
             assert_true(fabsf(lse[i] - l_ref) < 1e-4f * (1 + fabsf(l_ref)));
-            int32_t want = sampling_draw(lg, vocab, &cs[i], work);
+            int32_t want = sampling_draw(lg, vocab, &cs[i], hist + i * 40, 40, work);
             if (tok[i] != want) {
                 mism++;
                 printf("sampler row %d (T=%.2f k=%d p=%.2f minp=%.2f): gpu %d cpu %d\n", i, cs[i].temperature,
@@ -497,7 +509,7 @@ static void test_sampler_matches_cpu_sampler(void **st)
         printf("sampler vocab %d: %d/%d draws differ\n", vocab, mism, n);
         assert_int_equal(mism, 0);
         free(logits), free(work);
-        cudaFree(dl), cudaFree(dlse), cudaFree(dp), cudaFree(dh), cudaFree(scratch);
+        cudaFree(dl), cudaFree(dlse), cudaFree(dp), cudaFree(dh), cudaFree(db), cudaFree(scratch);
         cudaFree(dtok), cudaFree(dtop), cudaFree(dlp), cudaFree(dtoplp);
     }
 }
@@ -505,9 +517,16 @@ static void test_sampler_matches_cpu_sampler(void **st)
 int main(void)
 {
     kt_skip_without_gpu();
-    /* programmatic dependent launch on, as in the backend (KDA_PDL=0: off) */
-    const char *pdl = getenv("KDA_PDL");
-    kc_set_pdl(!(pdl && !strcmp(pdl, "0")));
+    /* the backend's launch policy (KDA_TUNING=pdl=0: PDL off) */
+    kda_tuning tn;
+    char err[256];
+    kda_tuning_defaults(&tn);
+    if (kda_tuning_from_env(&tn, err, sizeof err)) {
+        fprintf(stderr, "%s\n", err);
+        return 1;
+    }
+    kc_set_pdl(tn.pdl);
+    kc_set_gemv_persist(tn.gemv_persist);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_embed_gathers_rows_and_zeroes_padding),
         cmocka_unit_test(test_rmsnorm_matches_reference),

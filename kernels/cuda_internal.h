@@ -1,0 +1,116 @@
+/*
+ * cuda_internal.h - the CUDA backend's executor state, shared by its parts:
+ *   cuda_backend.cu  create / destroy, sequences, the startup report
+ *   cuda_weights.cu  weight upload and re-layout (once, at create)
+ *   cuda_forward.cu  the forward pass over the rows of one pass
+ *   cuda_step.cu     a step: packing (cuda_plan.c), graphs, outputs
+ * Sizes, offsets, the KV allocator and step packing are the planner's
+ * (cuda_plan.h, plain C, tested in CI).
+ *
+ * Invariants: slot s's KDA state and token history are only written by rows
+ * of slot s; padding rows carry slot -1 and no kernel touches any state for
+ * them; a KV block belongs to at most one slot.
+ */
+#ifndef KDA_CUDA_INTERNAL_H
+#define KDA_CUDA_INTERNAL_H
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cublas_v2.h>
+
+#include "cuda_gemm.h"
+#include "cuda_ops.h"
+#include "cuda_plan.h"
+#include "model.h"
+
+#define CK(call)                                                                                   \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess) {                                                                   \
+            snprintf(err, errlen, "CUDA error %s at %s:%d (%s)", cudaGetErrorString(e_), __FILE__, \
+                     __LINE__, #call);                                                             \
+            return KDA_EDEVICE;                                                                    \
+        }                                                                                          \
+    } while (0)
+/* a kc_* launcher's status (0 or negative) */
+#define KC_CHECK(call)                                                                             \
+    do {                                                                                           \
+        if ((call) != 0) {                                                                         \
+            snprintf(err, errlen, "kernel launch failed at %s:%d (%s)", __FILE__, __LINE__, #call);\
+            return KDA_EDEVICE;                                                                    \
+        }                                                                                          \
+    } while (0)
+
+typedef struct {
+    uint16_t *w_mix;   /* KDA: [q|k|v|f0|g0|b rows, D]; GQA: [q|gate|k|v rows, D] bf16 */
+    uint16_t *w_o;     /* [D, HV or Hq*hd] */
+    uint16_t *w_gu;    /* [2F, D] gate rows then up rows */
+    uint16_t *w_down;  /* [D, F] */
+    float *attn_norm, *mlp_norm; /* [D] */
+    int n_mix;         /* rows of w_mix */
+    /* KDA */
+    float *convw;      /* [2HK+HV, taps] */
+    uint16_t *f1t, *g1t; /* [R, HK], [R, HV] */
+    float *g_bias, *A_log, *dt_bias, *onorm; /* [HV], [H], [HK], [V] */
+    int kda_idx;       /* index among KDA layers (state offset) */
+    /* GQA */
+    float *q_norm, *k_norm; /* [hd] or NULL */
+    int gqa_idx;       /* index among GQA layers (KV offset) */
+} cu_layer;
+
+typedef struct {
+    backend base;
+    const model_config *c;
+    cp_dims d;
+    cp_layout lo;
+    kda_tuning tn;
+    float eps;
+    char devname[256];
+    cudaStream_t st;
+    cublasHandle_t cublas;
+    kc_gemm_lt *glt;           /* tuned cublasLt plans (NULL: plain kc_gemm) */
+    char *pool;                /* the one cudaMalloc, carved by lo */
+    /* weights */
+    cu_layer *lw;              /* [L] */
+    uint16_t *embed, *lm_head; /* [vocab, D] (lm_head == embed when tied) */
+    float *final_norm;         /* [D] */
+    /* state and caches */
+    float *state;              /* [max_seqs][slot_floats] */
+    uint16_t *kv;              /* KV blocks */
+    int32_t *d_table;          /* [max_seqs, max_blocks] device mirror of ka.table */
+    int32_t *d_hist;           /* [max_seqs, max_seq_len] every token fed to each slot */
+    kv_alloc ka;
+    /* activations (device) */
+    float *h, *proj, *q, *opart, *ml, *logits, *lse, *tlp, *lowrank;
+    uint16_t *xn, *act, *ybuf;
+    int32_t *d_meta;           /* cp_meta arrays, CP_META_ARRAYS x TM */
+    cp_meta dm, hm;            /* device / pinned host views */
+    int32_t *h_meta;           /* pinned: meta, then the output buffers below */
+    kc_sample_param *d_sp, *h_sp;
+    kda_logit_bias *d_bias, *h_bias;
+    int *d_scratch;
+    int32_t *d_tok, *h_tok, *d_top, *h_top;
+    float *d_lp, *h_lp, *d_toplp, *h_toplp, *h_tlp;
+    float *h_rows;             /* pinned [CU_HOST_ROWS, vocab]: logits rows copied back */
+    void *cublas_ws;
+    /* step workspace (host), sized at create */
+    int *row_item, *row_tok;   /* [TM] */
+    int *done;                 /* [max_seqs] */
+    /* decode graphs, one per bucket */
+    cudaGraphExec_t graph[CP_N_BUCKETS];
+} cuda_backend;
+
+#define CU_HOST_ROWS 32 /* logits rows copied to the host per round (all-logits / per-position top-n) */
+
+/* cuda_weights.cu */
+int cu_upload_weights(cuda_backend *b, const model_weights *W, char *err, size_t errlen);
+/* cuda_forward.cu */
+int cu_attn_split(const cuda_backend *b, int T);
+int cu_forward(cuda_backend *b, int T, int n_items, int n_out, int split, char *err, size_t errlen);
+/* cuda_step.cu */
+int cu_upload_meta(cuda_backend *b, char *err, size_t errlen);
+int cu_step(backend *bb, const step_item *items, int n, char *err, size_t errlen);
+
+#endif

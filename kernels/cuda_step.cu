@@ -1,0 +1,213 @@
+/*
+ * cuda_step.cu - one engine step on the GPU. The engine has validated the
+ * items and reserved their KV blocks (engine.c), so nothing here can fail but
+ * the device. A decode step (every item one token) is packed into one pass
+ * and replays the CUDA graph of its batch bucket; prompt chunks run eagerly in
+ * passes of at most TM rows (cuda_plan.c packs both). After each pass the
+ * requested outputs of its rows are computed on the device and copied back:
+ * sampled tokens with their log-probs and top-n (kc_sample, penalties over the
+ * device-side token history, logit_bias), per-position top-n (the same
+ * kernel, greedy, for rows that only want their alternatives), target
+ * log-probs, and when asked for, whole logits rows (through a pinned host
+ * buffer, CU_HOST_ROWS rows at a time).
+ */
+#include "cuda_internal.h"
+
+int cu_upload_meta(cuda_backend *b, char *err, size_t errlen)
+{
+    CK(cudaMemcpyAsync(b->d_meta, b->h_meta, (size_t)CP_META_ARRAYS * b->d.TM * sizeof(int32_t),
+                       cudaMemcpyHostToDevice, b->st));
+    return 0;
+}
+
+/* T rows of metadata are in b->hm. decode: replay (capturing it the first
+ * time) the graph of bucket bi, whose row count is T. */
+static int run_pass(cuda_backend *b, int T, int n_items, int n_out, int decode, int bi, char *err, size_t errlen)
+{
+    int rc = cu_upload_meta(b, err, errlen);
+    if (rc) return rc;
+    if (decode && b->tn.graphs) {
+        if (!b->graph[bi]) {
+            const int split = cu_attn_split(b, T);
+            cudaGraph_t g;
+            CK(cudaStreamBeginCapture(b->st, cudaStreamCaptureModeThreadLocal));
+            rc = cu_forward(b, T, T, T, split, err, errlen);
+            cudaError_t e = cudaStreamEndCapture(b->st, &g);
+            if (rc) return rc;
+            if (e != cudaSuccess) {
+                snprintf(err, errlen, "graph capture failed: %s", cudaGetErrorString(e));
+                return KDA_EDEVICE;
+            }
+            CK(cudaGraphInstantiate(&b->graph[bi], g, 0));
+            cudaGraphDestroy(g);
+        }
+        CK(cudaGraphLaunch(b->graph[bi], b->st));
+        return 0;
+    }
+    return cu_forward(b, T, n_items, n_out, cu_attn_split(b, T), err, errlen);
+}
+
+static int penalised(const kda_sampling *sp)
+{
+    return (sp->repetition_penalty != 1.0f && sp->repetition_penalty > 0.0f) || sp->presence_penalty != 0.0f ||
+           sp->frequency_penalty != 0.0f;
+}
+
+/* Whole logits rows of the pass's output rows, through the pinned buffer. */
+static int logits_to_host(cuda_backend *b, const step_item *items, const int *row_item, const int *row_tok, int n_out,
+                          char *err, size_t errlen)
+{
+    const int vocab = b->d.vocab;
+    for (int r0 = 0; r0 < n_out; r0 += CU_HOST_ROWS) {
+        const int nr = n_out - r0 < CU_HOST_ROWS ? n_out - r0 : CU_HOST_ROWS;
+        int any = 0;
+        for (int r = r0; r < r0 + nr; r++) {
+            const kda_batch_item *it = items[row_item[r]].it;
+            any |= it->logits && (it->want_all_logits || row_tok[r] == it->n_tokens - 1);
+        }
+        if (!any) continue;
+        CK(cudaMemcpyAsync(b->h_rows, b->logits + (size_t)r0 * vocab, (size_t)nr * vocab * 4, cudaMemcpyDeviceToHost,
+                           b->st));
+        CK(cudaStreamSynchronize(b->st));
+        for (int r = r0; r < r0 + nr; r++) {
+            const kda_batch_item *it = items[row_item[r]].it;
+            const int t = row_tok[r];
+            if (it->logits && (it->want_all_logits || t == it->n_tokens - 1))
+                memcpy(it->logits + (it->want_all_logits ? (size_t)t * vocab : 0), b->h_rows + (size_t)(r - r0) * vocab,
+                       (size_t)vocab * 4);
+        }
+    }
+    return 0;
+}
+
+/* After a pass: compute and copy back the outputs of its rows. */
+static int emit_outputs(cuda_backend *b, const step_item *items, const int *row_item, const int *row_tok, int n_out,
+                        char *err, size_t errlen)
+{
+    const int vocab = b->d.vocab, cap = b->d.max_seq_len;
+    int need_lse = 0, n_lp = 0, n_sp = 0, n_bias = 0, any_top = 0;
+    for (int r = 0; r < n_out; r++) {
+        const step_item *si = &items[row_item[r]];
+        const kda_batch_item *it = si->it;
+        if (it->targets && it->target_logprobs) {
+            b->hm.lp_rows[n_lp] = r;
+            b->hm.lp_targets[n_lp] = it->targets[row_tok[r]];
+            n_lp++;
+            need_lse = 1;
+        }
+        const int samples = row_tok[r] == it->n_tokens - 1 && it->sampling;
+        const int pos_top = it->n_top > 0 && it->pos_top_ids && it->pos_top_logprobs;
+        if (!samples && pos_top) { /* alternatives only: a greedy draw whose token is ignored */
+            kc_sample_param *p = &b->h_sp[n_sp++];
+            memset(p, 0, sizeof *p);
+            p->row = r;
+            p->top_p = 1.0f;
+            p->rep = 1.0f;
+            p->n_top = it->n_top;
+            any_top = need_lse = 1;
+        }
+        if (samples) {
+            const kda_sampling *sp = it->sampling;
+            const int n_hist = si->pos + it->n_tokens;
+            kc_sample_param *p = &b->h_sp[n_sp++];
+            memset(p, 0, sizeof *p);
+            p->row = r;
+            p->temperature = sp->temperature;
+            p->top_k = sp->top_k;
+            p->top_p = sp->top_p;
+            p->min_p = sp->min_p;
+            p->rep = sp->repetition_penalty;
+            p->pres = sp->presence_penalty;
+            p->freq = sp->frequency_penalty;
+            p->seed = sp->seed;
+            p->counter = (uint64_t)(n_hist - sp->n_prompt);
+            p->n_top = it->n_top;
+            any_top |= it->n_top > 0;
+            if (penalised(sp)) { /* the slot's history is on the device already */
+                p->hist_off = si->slot * cap;
+                p->n_prompt = sp->n_prompt;
+                p->n_gen = n_hist - sp->n_prompt;
+            }
+            p->bias_off = n_bias;
+            p->n_bias = sp->n_logit_bias;
+            if (sp->n_logit_bias) memcpy(b->h_bias + n_bias, sp->logit_bias, (size_t)sp->n_logit_bias * sizeof *b->h_bias);
+            n_bias += sp->n_logit_bias;
+            need_lse = 1;
+        }
+    }
+    cudaStream_t s = b->st;
+    if (need_lse) KC_CHECK(kc_row_lse(b->lse, b->logits, n_out, vocab, s));
+    if (n_lp) {
+        CK(cudaMemcpyAsync(b->dm.lp_rows, b->hm.lp_rows, (size_t)n_lp * 4, cudaMemcpyHostToDevice, s));
+        CK(cudaMemcpyAsync(b->dm.lp_targets, b->hm.lp_targets, (size_t)n_lp * 4, cudaMemcpyHostToDevice, s));
+        KC_CHECK(kc_gather_logprob(b->tlp, b->logits, b->lse, b->dm.lp_rows, b->dm.lp_targets, n_lp, vocab, s));
+        CK(cudaMemcpyAsync(b->h_tlp, b->tlp, (size_t)n_lp * 4, cudaMemcpyDeviceToHost, s));
+    }
+    if (n_sp) {
+        CK(cudaMemcpyAsync(b->d_sp, b->h_sp, (size_t)n_sp * sizeof(kc_sample_param), cudaMemcpyHostToDevice, s));
+        if (n_bias) CK(cudaMemcpyAsync(b->d_bias, b->h_bias, (size_t)n_bias * sizeof *b->h_bias, cudaMemcpyHostToDevice, s));
+        KC_CHECK(kc_sample(b->d_sp, n_sp, b->logits, vocab, b->lse, b->d_hist, (const kc_logit_bias *)b->d_bias,
+                           b->d_scratch, b->d_tok, b->d_lp, b->d_top, b->d_toplp, KDA_MAX_TOP, s));
+        CK(cudaMemcpyAsync(b->h_tok, b->d_tok, (size_t)n_sp * 4, cudaMemcpyDeviceToHost, s));
+        CK(cudaMemcpyAsync(b->h_lp, b->d_lp, (size_t)n_sp * 4, cudaMemcpyDeviceToHost, s));
+        if (any_top) {
+            CK(cudaMemcpyAsync(b->h_top, b->d_top, (size_t)n_sp * KDA_MAX_TOP * 4, cudaMemcpyDeviceToHost, s));
+            CK(cudaMemcpyAsync(b->h_toplp, b->d_toplp, (size_t)n_sp * KDA_MAX_TOP * 4, cudaMemcpyDeviceToHost, s));
+        }
+    }
+    int rc = logits_to_host(b, items, row_item, row_tok, n_out, err, errlen);
+    if (rc) return rc;
+    CK(cudaStreamSynchronize(s));
+    int ilp = 0, isp = 0;
+    for (int r = 0; r < n_out; r++) {
+        const kda_batch_item *it = items[row_item[r]].it;
+        const int t = row_tok[r];
+        if (it->targets && it->target_logprobs) it->target_logprobs[t] = b->h_tlp[ilp++];
+        const int samples = t == it->n_tokens - 1 && it->sampling;
+        const int pos_top = it->n_top > 0 && it->pos_top_ids && it->pos_top_logprobs;
+        if (!samples && !pos_top) continue;
+        const int32_t *ids = b->h_top + (size_t)isp * KDA_MAX_TOP;
+        const float *lps = b->h_toplp + (size_t)isp * KDA_MAX_TOP;
+        if (samples) {
+            if (it->sampled) *it->sampled = b->h_tok[isp];
+            if (it->sampled_logprob) *it->sampled_logprob = b->h_lp[isp];
+            if (it->n_top > 0 && it->top_ids && it->top_logprobs) {
+                memcpy(it->top_ids, ids, (size_t)it->n_top * 4);
+                memcpy(it->top_logprobs, lps, (size_t)it->n_top * 4);
+            }
+        }
+        if (pos_top) {
+            memcpy(it->pos_top_ids + (size_t)t * it->n_top, ids, (size_t)it->n_top * 4);
+            memcpy(it->pos_top_logprobs + (size_t)t * it->n_top, lps, (size_t)it->n_top * 4);
+        }
+        isp++;
+    }
+    return 0;
+}
+
+int cu_step(backend *bb, const step_item *items, int n, char *err, size_t errlen)
+{
+    cuda_backend *b = (cuda_backend *)bb;
+    int decode = n <= b->d.TM;
+    for (int i = 0; i < n && decode; i++) decode = items[i].it->n_tokens == 1;
+    int *row_item = b->row_item, *row_tok = b->row_tok, rc = 0;
+    if (decode) {
+        int bi = 0;
+        const int Tb = cp_pack_decode(&b->hm, items, n, b->tn.graphs, &bi);
+        for (int r = 0; r < n; r++) row_item[r] = r, row_tok[r] = 0; /* logits row r = item r */
+        rc = run_pass(b, Tb, Tb, Tb, 1, bi, err, errlen);
+        if (!rc) rc = emit_outputs(b, items, row_item, row_tok, n, err, errlen);
+        return rc;
+    }
+    memset(b->done, 0, (size_t)n * sizeof *b->done);
+    for (;;) {
+        int ni = 0, no = 0;
+        const int T = cp_pack_pass(&b->hm, items, n, b->done, b->d.TM, &ni, &no, row_item, row_tok);
+        if (T == 0) break;
+        rc = run_pass(b, T, ni, no, 0, 0, err, errlen);
+        if (!rc && no) rc = emit_outputs(b, items, row_item, row_tok, no, err, errlen);
+        if (rc) return rc;
+    }
+    CK(cudaStreamSynchronize(b->st));
+    return 0;
+}
