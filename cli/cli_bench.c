@@ -5,10 +5,16 @@
  * one JSON object (--json FILE) that scripts/bench_merge.py combines with the
  * PyTorch baseline of the same invocation (scripts/bench-gpu.sh).
  *
- * The contexts are filled by decoding the prompt one token per step for all
- * sequences at once (this path is the one being measured; the fast prefill is
- * a separate piece of work). Then `steps` greedy decode steps are timed on the
- * wall clock, sampled tokens fed back, one host sync per step included.
+ * Decode: the contexts are filled by one prefill step (--fill prefill, the
+ * default) or one token per step for all sequences (--fill decode), then
+ * `steps` greedy decode steps are timed on the wall clock, sampled tokens fed
+ * back, one host sync per step included.
+ * Prefill (--prefill B:T,...): B new sequences of T random tokens in one
+ * engine step, the first token sampled (time to first token of B prompts).
+ * Score (--score B:T,...): the same with the log-prob of every next token
+ * (what /score computes). Each is the median of --reps timed steps after one
+ * untimed. With --tuning prof=1 the device time is also split by kind of work
+ * (GEMM, KDA, attention, lm-head + log-softmax, other).
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -58,9 +64,100 @@ static int usage(void)
 {
     fprintf(stderr,
             "usage: kda-cli bench MODEL_DIR [--device cuda|cpu] [--pairs CTX:B,...] [--steps N]\n"
+            "                     [--fill prefill|decode] [--prefill B:T,...] [--score B:T,...] [--reps N]\n"
             "                     [--json FILE] [--no-kernels] [--mem-fraction F] [--tuning k=v,...]\n"
-            "  default pairs 128:1,128:16,128:64,128:256,4096:1,4096:16,4096:64,4096:256; steps 32\n");
+            "  default pairs 128:1,128:16,128:64,128:256,4096:1,4096:16,4096:64,4096:256 (\"\" = none);\n"
+            "  steps 32; no prefill or score points; reps 5\n");
     return 2;
+}
+
+/* "B:T,B:T" (or "CTX:B" for decode pairs); returns the count or -1 */
+static int parse_pairs(const char *s, int (*out)[2], int max)
+{
+    int n = 0;
+    for (const char *p = s; *p;) {
+        int a, b, k = 0;
+        if (n == max || sscanf(p, "%d:%d%n", &a, &b, &k) != 2 || a < 1 || b < 1) return -1;
+        out[n][0] = a, out[n][1] = b, n++;
+        p += k;
+        if (*p == ',') p++;
+        else if (*p) return -1;
+    }
+    return n;
+}
+
+typedef struct {
+    int B, T, score;
+    double ms;
+    kda_prof prof;
+} bench_pt;
+
+static int cmp_double(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* B fresh sequences of T random tokens in one step; median of reps. */
+static int run_prefill(kda_engine *e, bench_pt *bp, int reps, char *err, size_t errlen)
+{
+    const int B = bp->B, T = bp->T, vocab = kda_engine_info(e)->vocab_size;
+    int32_t *tok = malloc((size_t)B * T * sizeof *tok), *tg = malloc((size_t)B * T * sizeof *tg);
+    int32_t *next = malloc((size_t)B * sizeof *next);
+    float *lp = malloc((size_t)B * T * sizeof *lp);
+    int *seq = calloc((size_t)B, sizeof *seq);
+    kda_batch_item *it = calloc((size_t)B, sizeof *it);
+    double *ts = calloc((size_t)reps + 1, sizeof *ts);
+    kda_sampling greedy = {.temperature = 0, .top_p = 1, .repetition_penalty = 1, .n_prompt = T};
+    int rc = 0;
+    if (!tok || !tg || !next || !lp || !seq || !it || !ts) {
+        snprintf(err, errlen, "out of memory");
+        rc = KDA_ENOMEM;
+        goto done;
+    }
+    unsigned r = 777;
+    for (size_t i = 0; i < (size_t)B * T; i++) {
+        r = r * 1103515245u + 12345u;
+        tok[i] = (int32_t)((r >> 8) % (unsigned)vocab);
+    }
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) tg[(size_t)b * T + t] = t + 1 < T ? tok[(size_t)b * T + t + 1] : -1;
+    kda_prof scratch;
+    for (int rep = -1; rep < reps && !rc; rep++) {
+        int made = 0;
+        for (; made < B && !rc; made++) rc = kda_seq_new(e, &seq[made], err, errlen);
+        if (rc) made--;
+        for (int b = 0; b < B && !rc; b++) {
+            it[b] = (kda_batch_item){.seq = seq[b], .tokens = tok + (size_t)b * T, .n_tokens = T};
+            if (bp->score) it[b].targets = tg + (size_t)b * T, it[b].target_logprobs = lp + (size_t)b * T;
+            else it[b].sampling = &greedy, it[b].sampled = &next[b];
+        }
+        if (rep == 0) kda_engine_prof_take(e, &scratch); /* the warm-up's share is not counted */
+        const double t0 = now_s();
+        if (!rc) rc = kda_engine_step(e, it, B, err, errlen);
+        if (rep >= 0) ts[rep] = (now_s() - t0) * 1e3;
+        for (int b = 0; b < made; b++) kda_seq_free(e, seq[b]);
+    }
+    if (!rc) {
+        kda_engine_prof_take(e, &bp->prof);
+        qsort(ts, (size_t)reps, sizeof *ts, cmp_double);
+        bp->ms = ts[reps / 2];
+    }
+done:
+    free(tok), free(tg), free(next), free(lp), free(seq), free(it), free(ts);
+    return rc;
+}
+
+/* Matrix FLOPs of a prefill / score point: every row through the layers'
+ * GEMMs, the lm-head for every row (score) or the last (prefill), and causal
+ * attention (QK^T and PV) in the GQA layers. */
+static double point_flops(const kda_model_info *mi, const bench_pt *p)
+{
+    const double lm = 2.0 * mi->vocab_size * mi->d_model, body = 2.0 * (double)mi->n_params - lm;
+    int n_gqa = 0;
+    for (int l = 0; l < mi->n_layers; l++) n_gqa += mi->layer_kind[l] == KDA_LAYER_GQA;
+    const double attn = 4.0 * mi->gqa_heads * mi->gqa_head_dim * ((double)p->T * (p->T + 1) / 2) * n_gqa;
+    return p->B * (p->T * body + (p->score ? p->T : 1) * lm + attn);
 }
 
 typedef struct {
@@ -68,7 +165,7 @@ typedef struct {
     double ms;
 } bench_pair;
 
-static int run_pair(kda_engine *e, bench_pair *bp, int steps, char *err, size_t errlen)
+static int run_pair(kda_engine *e, bench_pair *bp, int steps, int fill_prefill, char *err, size_t errlen)
 {
     const int B = bp->B, vocab = kda_engine_info(e)->vocab_size;
     int *seq = calloc((size_t)B, sizeof(int));
@@ -84,7 +181,25 @@ static int run_pair(kda_engine *e, bench_pair *bp, int steps, char *err, size_t 
     for (; made < B; made++)
         if ((rc = kda_seq_new(e, &seq[made], err, errlen))) goto done;
     unsigned r = 12345;
-    for (int p = 0; p < bp->ctx; p++) { /* fill the context */
+    if (fill_prefill) { /* fill the contexts: one prefill step */
+        int32_t *ctx = malloc((size_t)B * bp->ctx * sizeof *ctx);
+        if (!ctx) {
+            rc = KDA_ENOMEM;
+            snprintf(err, errlen, "out of memory");
+            goto done;
+        }
+        for (size_t i = 0; i < (size_t)B * bp->ctx; i++) {
+            r = r * 1103515245u + 12345u;
+            ctx[i] = (int32_t)((r >> 8) % (unsigned)vocab);
+        }
+        for (int i = 0; i < B; i++) it[i] = (kda_batch_item){.seq = seq[i], .tokens = ctx + (size_t)i * bp->ctx,
+                                                             .n_tokens = bp->ctx};
+        rc = kda_engine_step(e, it, B, err, errlen);
+        for (int i = 0; i < B; i++) tok[i] = ctx[(size_t)i * bp->ctx + bp->ctx - 1];
+        free(ctx);
+        if (rc) goto done;
+    }
+    for (int p = 0; p < bp->ctx && !fill_prefill; p++) { /* fill the context, a token per step */
         for (int i = 0; i < B; i++) {
             r = r * 1103515245u + 12345u;
             tok[i] = (int32_t)((r >> 8) % (unsigned)vocab);
@@ -111,9 +226,10 @@ done:
 int cli_bench(int argc, char **argv)
 {
     if (argc < 1 || argv[0][0] == '-') return usage();
-    const char *dir = argv[0], *device = "cuda", *json_path = NULL, *tuning = NULL;
+    const char *dir = argv[0], *device = "cuda", *json_path = NULL, *tuning = NULL, *fill = "prefill";
     const char *pairs_s = "128:1,128:16,128:64,128:256,4096:1,4096:16,4096:64,4096:256";
-    int steps = 32, kernels = 1;
+    const char *prefill_s = "", *score_s = "";
+    int steps = 32, kernels = 1, reps = 5;
     double frac = 0.9;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--device") && i + 1 < argc) device = argv[++i];
@@ -123,20 +239,32 @@ int cli_bench(int argc, char **argv)
         else if (!strcmp(argv[i], "--mem-fraction") && i + 1 < argc) frac = atof(argv[++i]);
         else if (!strcmp(argv[i], "--no-kernels")) kernels = 0;
         else if (!strcmp(argv[i], "--tuning") && i + 1 < argc) tuning = argv[++i];
+        else if (!strcmp(argv[i], "--fill") && i + 1 < argc) fill = argv[++i];
+        else if (!strcmp(argv[i], "--prefill") && i + 1 < argc) prefill_s = argv[++i];
+        else if (!strcmp(argv[i], "--score") && i + 1 < argc) score_s = argv[++i];
+        else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else return usage();
     }
     bench_pair pairs[64];
-    int np = 0, max_b = 1, max_ctx = 1;
-    for (const char *p = pairs_s; *p && np < 64;) {
-        int c, b, n = 0;
-        if (sscanf(p, "%d:%d%n", &c, &b, &n) != 2 || c < 1 || b < 1) return usage();
-        pairs[np++] = (bench_pair){.ctx = c, .B = b};
-        max_b = b > max_b ? b : max_b;
-        max_ctx = c > max_ctx ? c : max_ctx;
-        p += n;
-        if (*p == ',') p++;
+    bench_pt pts[64];
+    int pp[64][2], np = 0, npt = 0, max_b = 1, max_ctx = 1;
+    const int n_dec = parse_pairs(pairs_s, pp, 64);
+    if (n_dec < 0) return usage();
+    for (int i = 0; i < n_dec; i++) {
+        pairs[np++] = (bench_pair){.ctx = pp[i][0], .B = pp[i][1]};
+        max_b = pp[i][1] > max_b ? pp[i][1] : max_b;
+        max_ctx = pp[i][0] > max_ctx ? pp[i][0] : max_ctx;
     }
-    if (steps < 1) return usage();
+    for (int sc = 0; sc < 2; sc++) {
+        const int k = parse_pairs(sc ? score_s : prefill_s, pp, 32);
+        if (k < 0) return usage();
+        for (int i = 0; i < k; i++) {
+            pts[npt++] = (bench_pt){.B = pp[i][0], .T = pp[i][1], .score = sc};
+            max_b = pp[i][0] > max_b ? pp[i][0] : max_b;
+            max_ctx = pp[i][1] > max_ctx ? pp[i][1] : max_ctx;
+        }
+    }
+    if (steps < 1 || reps < 1 || (strcmp(fill, "prefill") && strcmp(fill, "decode"))) return usage();
     kc_bench_row krows[32];
     int nk = 0;
     if (kernels && !strcmp(device, "cuda")) {
@@ -174,7 +302,7 @@ int cli_bench(int argc, char **argv)
     printf("decode on %s (%s), %lld params, %d steps per point:\n", mi->device_name, device, (long long)mi->n_params,
            steps);
     for (int i = 0; i < np; i++) {
-        rc = run_pair(e, &pairs[i], steps, err, sizeof err);
+        rc = run_pair(e, &pairs[i], steps, !strcmp(fill, "prefill"), err, sizeof err);
         if (rc) {
             fprintf(stderr, "bench ctx %d B %d: %s\n", pairs[i].ctx, pairs[i].B, err);
             pairs[i].ms = -1;
@@ -182,6 +310,26 @@ int cli_bench(int argc, char **argv)
         }
         printf("  decode B=%-4d ctx=%-5d %8.3f ms/step %10.0f tok/s  weights %.1f GB/s\n", pairs[i].B, pairs[i].ctx,
                pairs[i].ms, pairs[i].B / pairs[i].ms * 1e3, mi->weight_bytes / pairs[i].ms / 1e6);
+        fflush(stdout);
+    }
+    static const char *const prof_names[KDA_PROF_N] = {"gemm", "kda", "attention", "lm_head", "other"};
+    for (int i = 0; i < npt; i++) {
+        bench_pt *p = &pts[i];
+        rc = run_prefill(e, p, reps, err, sizeof err);
+        if (rc) {
+            fprintf(stderr, "bench %s %d x %d: %s\n", p->score ? "score" : "prefill", p->B, p->T, err);
+            p->ms = -1;
+            continue;
+        }
+        printf("  %-7s %3d x %-5d %9.2f ms %10.0f tok/s %7.1f TFLOP/s", p->score ? "score" : "prefill", p->B, p->T,
+               p->ms, p->B * p->T / p->ms * 1e3, point_flops(mi, p) / p->ms / 1e9);
+        double tot = 0;
+        for (int k = 0; k < KDA_PROF_N; k++) tot += p->prof.ms[k];
+        if (tot > 0) {
+            printf("  device time:");
+            for (int k = 0; k < KDA_PROF_N; k++) printf(" %s %.0f%%", prof_names[k], 100 * p->prof.ms[k] / tot);
+        }
+        printf("\n");
         fflush(stdout);
     }
     FILE *json = json_path ? fopen(json_path, "w") : NULL;
@@ -210,6 +358,23 @@ int cli_bench(int argc, char **argv)
                     i ? "," : "", pairs[i].B, pairs[i].ctx, pairs[i].ms,
                     pairs[i].ms > 0 ? pairs[i].B / pairs[i].ms * 1e3 : 0,
                     pairs[i].ms > 0 ? mi->weight_bytes / pairs[i].ms / 1e6 : 0);
+        fprintf(json, "\n  ],\n  \"prefill\": [");
+        for (int i = 0, first = 1; i < npt; i++) {
+            const bench_pt *p = &pts[i];
+            fprintf(json, "%s\n    {\"kind\": \"%s\", \"B\": %d, \"T\": %d, \"ms\": %.3f, \"tok_s\": %.0f, "
+                    "\"TFLOPs\": %.1f, \"flops\": %.4g",
+                    first ? "" : ",", p->score ? "score" : "prefill", p->B, p->T, p->ms,
+                    p->ms > 0 ? p->B * p->T / p->ms * 1e3 : 0, p->ms > 0 ? point_flops(mi, p) / p->ms / 1e9 : 0,
+                    point_flops(mi, p));
+            if (p->prof.steps) {
+                fprintf(json, ", \"device_ms_per_step\": {");
+                for (int k = 0; k < KDA_PROF_N; k++)
+                    fprintf(json, "%s\"%s\": %.3f", k ? ", " : "", prof_names[k], p->prof.ms[k] / p->prof.steps);
+                fprintf(json, "}");
+            }
+            fprintf(json, "}");
+            first = 0;
+        }
         fprintf(json, "\n  ]\n}\n");
         fclose(json);
     }

@@ -42,8 +42,8 @@ static void usage(FILE *f)
             "common options: --device cpu|cuda|auto  --threads N  --max-seq-len N  --verbose\n"
             "  --tuning k=v,...  kernel variants and switches (also from $KDA_TUNING; --tuning wins):\n"
             "                    gemv_max_t graphs pdl gemm_lt gemm_verbose gemm_tune_flush gemm_splitk\n"
-            "                    gemv_persist kda_tiled kda_tile_occ\n"
-            "                    kda_tile_clusters attn_split cpu_bf16_act (bench/NOTES.md says what each does)\n");
+            "                    gemv_persist kda_tiled kda_tile_occ kda_tile_clusters attn_split\n"
+            "                    fast_prefill prefill_rows prof cpu_bf16_act (bench/NOTES.md says what each does)\n");
 }
 
 static int parse_int(const char *s, const char *flag, long lo, long hi, long *out)

@@ -84,7 +84,8 @@ void kda_tuning_defaults(kda_tuning *t)
 {
     *t = (kda_tuning){.gemv_max_t = 4, .graphs = 1, .pdl = 1, .gemm_lt = 1, .gemm_verbose = 0, .gemm_tune_flush = 1,
                       .gemm_splitk = 1, .gemv_persist = 1, .kda_tiled = 0,
-                      .kda_tile_occ = 2, .kda_tile_clusters = 0, .attn_split = 0, .cpu_bf16_act = 0};
+                      .kda_tile_occ = 2, .kda_tile_clusters = 0, .attn_split = 0, .fast_prefill = 1,
+                      .prefill_rows = 8192, .prof = 0, .cpu_bf16_act = 0};
 }
 
 static const struct {
@@ -96,7 +97,7 @@ static const struct {
     TF(gemv_max_t, 0, 8), TF(graphs, 0, 1),   TF(pdl, 0, 1),          TF(gemm_lt, 0, 1),
     TF(gemm_verbose, 0, 1), TF(gemm_tune_flush, 0, 1), TF(gemm_splitk, 0, 1),
     TF(gemv_persist, 0, 1), TF(kda_tiled, 0, 1), TF(kda_tile_occ, 2, 3), TF(kda_tile_clusters, 0, 1 << 20),
-    TF(attn_split, 0, 256), TF(cpu_bf16_act, 0, 1),
+    TF(attn_split, 0, 256), TF(fast_prefill, 0, 1), TF(prefill_rows, 1, 1 << 20), TF(prof, 0, 1), TF(cpu_bf16_act, 0, 1),
 #undef TF
 };
 #define N_TUNING_FIELDS (int)(sizeof tuning_fields / sizeof tuning_fields[0])
@@ -298,6 +299,12 @@ void kda_engine_usage(const kda_engine *e, kda_usage *u)
         .state_bytes_used = (size_t)used * e->info.state_bytes_per_seq,
         .state_bytes_total = (size_t)e->max_seqs * e->info.state_bytes_per_seq,
     };
+}
+
+void kda_engine_prof_take(kda_engine *e, kda_prof *out)
+{
+    memset(out, 0, sizeof *out);
+    if (e->be->prof_take) e->be->prof_take(e->be, out);
 }
 
 /* Everything about one item a backend relies on; KDA_EINVAL / KDA_ECTX with

@@ -64,6 +64,10 @@ typedef struct {
     int kda_tile_occ;    /* CUDA: blocks per SM of the tiled KDA kernel, 2 or 3 (2) */
     int kda_tile_clusters; /* CUDA: cap on persistent clusters of the tiled kernel (0 = as many as fit) */
     int attn_split;      /* CUDA: force one decode-attention split size 32/64/128/256 (0 = by shape) */
+    int fast_prefill;    /* CUDA: prompt chunks through the chunked KDA kernel, flash prefill attention
+                            and the fused log-prob kernel (1); 0 = the per-token kernels */
+    int prefill_rows;    /* CUDA: rows of one prefill pass (8192; at least the decode batch bucket) */
+    int prof;            /* CUDA: time kernel categories with events, for kda_engine_prof_take (0) */
     int cpu_bf16_act;    /* CPU: round activations to bf16 where the CUDA backend stores bf16 (0) */
 } kda_tuning;
 
@@ -216,6 +220,19 @@ typedef struct {
 } kda_batch_item;
 
 int kda_engine_step(kda_engine *e, kda_batch_item *items, int n_items, char *err, size_t errlen);
+
+/* Device time of the steps since the last call, by kind of work (CUDA with
+ * tuning prof=1; all zero otherwise). Events between the kernels make the
+ * steps a little slower: for benchmarks that explain a figure, not for
+ * serving. */
+typedef enum { KDA_PROF_GEMM, KDA_PROF_KDA, KDA_PROF_ATTN, KDA_PROF_LMHEAD, KDA_PROF_OTHER, KDA_PROF_N } kda_prof_kind;
+typedef struct {
+    double ms[KDA_PROF_N];  /* GEMMs of the layers; KDA mixer kernels; attention (q/k norm, RoPE, KV append,
+                             * attention); lm-head GEMM + log-softmax / top-n / sampling; the rest (embedding,
+                             * norms, SwiGLU) */
+    int steps;
+} kda_prof;
+void kda_engine_prof_take(kda_engine *e, kda_prof *out);
 
 #include "kda_rng.h"
 

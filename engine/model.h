@@ -174,6 +174,8 @@ struct backend {
     int (*step)(backend *b, const step_item *items, int n, char *err, size_t errlen);
     /* Optional: KV bytes held by live sequences (reserved blocks included). */
     size_t (*kv_bytes_used)(const backend *b);
+    /* Optional: engine.h kda_engine_prof_take. */
+    void (*prof_take)(backend *b, kda_prof *out);
     void (*destroy)(backend *b);
     size_t pool_bytes;
     /* filled by the backend: its KV and state pools, the KV bytes per token

@@ -21,6 +21,49 @@ int cuda_device_available(void)
     return n > 0;
 }
 
+/* ---- profile (tuning prof=1) ---- */
+
+void cu_prof_mark(cuda_backend *b, int kind)
+{
+    if (b->prof_n == CU_PROF_MAX) { /* full: fold what is there, keep the last mark as the new start */
+        cudaEventSynchronize(b->prof_ev[b->prof_n - 1]);
+        cu_prof_fold(b);
+    }
+    if (b->prof_n == 0) { /* the start of this run of marks */
+        cudaEventRecord(b->prof_ev[0], b->st);
+        b->prof_kind[0] = KDA_PROF_OTHER;
+        b->prof_n = 1;
+        if (kind < 0) return;
+    }
+    /* kind < 0: a new start (the device may have idled since: not counted) */
+    b->prof_kind[b->prof_n] = (unsigned char)(kind < 0 ? KDA_PROF_N : kind);
+    cudaEventRecord(b->prof_ev[b->prof_n++], b->st);
+}
+
+void cu_prof_fold(cuda_backend *b)
+{
+    for (int i = 1; i < b->prof_n; i++) {
+        float ms = 0;
+        if (b->prof_kind[i] < KDA_PROF_N && cudaEventElapsedTime(&ms, b->prof_ev[i - 1], b->prof_ev[i]) == cudaSuccess)
+            b->prof_ms[b->prof_kind[i]] += ms;
+    }
+    if (b->prof_n) { /* the last event starts the next run */
+        cudaEvent_t t = b->prof_ev[0];
+        b->prof_ev[0] = b->prof_ev[b->prof_n - 1];
+        b->prof_ev[b->prof_n - 1] = t;
+        b->prof_n = 1;
+    }
+    cudaGetLastError();
+}
+
+static void cuda_prof_take(backend *bb, kda_prof *out)
+{
+    cuda_backend *b = (cuda_backend *)bb;
+    for (int k = 0; k < KDA_PROF_N; k++) out->ms[k] = b->prof_ms[k], b->prof_ms[k] = 0;
+    out->steps = b->prof_steps;
+    b->prof_steps = 0;
+}
+
 /* ---- sequences ---- */
 
 /* Mirrors table entries [first, last) of slot to the device, stream-ordered
@@ -75,6 +118,10 @@ static void cuda_destroy(backend *bb)
     if (!b) return;
     for (int i = 0; i < CP_N_BUCKETS; i++)
         if (b->graph[i]) cudaGraphExecDestroy(b->graph[i]);
+    for (int i = 0; b->prof_ev && i < CU_PROF_MAX; i++)
+        if (b->prof_ev[i]) cudaEventDestroy(b->prof_ev[i]);
+    free(b->prof_ev);
+    free(b->prof_kind);
     kc_gemm_lt_destroy(b->glt);
     if (b->cublas) cublasDestroy(b->cublas);
     if (b->st) cudaStreamDestroy(b->st);
@@ -111,6 +158,7 @@ static void carve(cuda_backend *b)
             w->f1t = AT(uint16_t, o->f1t), w->g1t = AT(uint16_t, o->g1t);
             w->g_bias = AT(float, o->g_bias), w->A_log = AT(float, o->A_log);
             w->dt_bias = AT(float, o->dt_bias), w->onorm = AT(float, o->onorm);
+            w->f1 = AT(uint16_t, o->f1), w->g1 = AT(uint16_t, o->g1);
         } else {
             w->gqa_idx = ig++;
             w->q_norm = b->c->qk_norm ? AT(float, o->q_norm) : NULL;
@@ -122,30 +170,34 @@ static void carve(cuda_backend *b)
     b->lowrank = AT(float, lo->lowrank), b->opart = AT(float, lo->opart), b->ml = AT(float, lo->ml);
     b->logits = AT(float, lo->logits), b->lse = AT(float, lo->lse), b->tlp = AT(float, lo->tlp);
     b->xn = AT(uint16_t, lo->xn), b->act = AT(uint16_t, lo->act), b->ybuf = AT(uint16_t, lo->ybuf);
+    b->lowin = AT(uint16_t, lo->lowin);
+    b->kda_ws = b->d.kda_chunk_ws ? p + lo->kda_ws : NULL;
+    b->attn_ws = b->d.attn_prefill_ws ? p + lo->attn_ws : NULL;
     b->d_meta = AT(int32_t, lo->meta);
     b->d_sp = AT(kc_sample_param, lo->sample_params);
     b->d_hist = AT(int32_t, lo->hist);
     b->d_scratch = AT(int, lo->scratch);
     b->d_tok = AT(int32_t, lo->tok), b->d_lp = AT(float, lo->lp);
     b->d_top = AT(int32_t, lo->top), b->d_toplp = AT(float, lo->toplp);
+    b->d_ptop = AT(int32_t, lo->ptop), b->d_ptoplp = AT(float, lo->ptoplp);
     b->d_bias = AT(kda_logit_bias, lo->bias);
     b->d_table = AT(int32_t, lo->table);
     b->cublas_ws = p + lo->cublas_ws;
     b->kv = AT(uint16_t, lo->kv);
 #undef AT
-    cp_meta_carve(&b->dm, b->d_meta, b->d.TM);
+    cp_meta_carve(&b->dm, b->d_meta, b->d.PM);
 }
 
 /* Pinned host buffers: step metadata and what comes back from the device. */
 static int host_buffers(cuda_backend *b, char *err, size_t errlen)
 {
-    const size_t TM = (size_t)b->d.TM, vocab = (size_t)b->d.vocab;
-    const size_t bytes = CP_META_ARRAYS * TM * 4 + TM * sizeof(kc_sample_param) +
-                         TM * KDA_MAX_LOGIT_BIAS * sizeof(kda_logit_bias) + TM * 4 * 3 + TM * KDA_MAX_TOP * 8 +
+    const size_t TM = (size_t)b->d.TM, PM = (size_t)b->d.PM, vocab = (size_t)b->d.vocab;
+    const size_t bytes = CP_META_ARRAYS * PM * 4 + TM * sizeof(kc_sample_param) +
+                         TM * KDA_MAX_LOGIT_BIAS * sizeof(kda_logit_bias) + TM * 4 * 3 + TM * KDA_MAX_TOP * 16 +
                          CU_HOST_ROWS * vocab * 4 + 64;
     CK(cudaMallocHost((void **)&b->h_meta, bytes));
-    cp_meta_carve(&b->hm, b->h_meta, (int)TM);
-    char *q = (char *)(b->h_meta + CP_META_ARRAYS * TM);
+    cp_meta_carve(&b->hm, b->h_meta, (int)PM);
+    char *q = (char *)(b->h_meta + CP_META_ARRAYS * PM);
     b->h_sp = (kc_sample_param *)q, q += TM * sizeof(kc_sample_param);
     b->h_bias = (kda_logit_bias *)q, q += TM * KDA_MAX_LOGIT_BIAS * sizeof(kda_logit_bias);
     b->h_tok = (int32_t *)q, q += TM * 4;
@@ -153,9 +205,11 @@ static int host_buffers(cuda_backend *b, char *err, size_t errlen)
     b->h_tlp = (float *)q, q += TM * 4;
     b->h_top = (int32_t *)q, q += TM * KDA_MAX_TOP * 4;
     b->h_toplp = (float *)q, q += TM * KDA_MAX_TOP * 4;
+    b->h_ptop = (int32_t *)q, q += TM * KDA_MAX_TOP * 4;
+    b->h_ptoplp = (float *)q, q += TM * KDA_MAX_TOP * 4;
     b->h_rows = (float *)q;
-    b->row_item = (int *)malloc(TM * 2 * sizeof(int));
-    b->row_tok = b->row_item ? b->row_item + TM : NULL;
+    b->row_item = (int *)malloc(PM * 2 * sizeof(int));
+    b->row_tok = b->row_item ? b->row_item + PM : NULL;
     b->done = (int *)malloc((size_t)b->d.max_seqs * sizeof(int));
     if (!b->row_item || !b->done) {
         snprintf(err, errlen, "out of host memory");
@@ -198,7 +252,11 @@ static void tune_gemms(cuda_backend *b)
     }
     kc_gemm_lt_release_scratch(b->glt);
     if (rc) {
-        kc_gemm_lt_destroy(b->glt);
+        for (int i = 0; b->prof_ev && i < CU_PROF_MAX; i++)
+        if (b->prof_ev[i]) cudaEventDestroy(b->prof_ev[i]);
+    free(b->prof_ev);
+    free(b->prof_kind);
+    kc_gemm_lt_destroy(b->glt);
         b->glt = NULL;
     }
     cublasSetStream(b->cublas, b->st);
@@ -214,7 +272,8 @@ static int warm_up(cuda_backend *b, char *err, size_t errlen)
     }
     for (int T = 1; T <= b->d.TM; T <<= 1) {
         int rc = cu_upload_meta(b, err, errlen);
-        if (!rc) rc = cu_forward(b, T, T, T, cu_attn_split(b, T), err, errlen);
+        if (!rc) rc = cu_forward(b, T, T, cu_attn_split(b, T), err, errlen);
+        if (!rc) rc = cu_logits(b, 0, T, err, errlen);
         if (rc) return rc;
     }
     cudaError_t e = cudaStreamSynchronize(b->st);
@@ -234,12 +293,13 @@ static void report(const cuda_backend *b)
             "cuda: %s, pool %zu MiB: weights %zu MiB, KV %zu MiB (%d blocks x %d tokens, %zu KiB/token), "
             "KDA state %zu MiB (%d slots x %.1f MiB), activations %zu MiB (%d rows); "
             "max concurrent sequences at full context (%d tokens): %d; gemv<=%d rows, graphs %s, pdl %s, "
-            "cuBLASLt plans %s, KDA kernel %s\n",
+            "cuBLASLt plans %s, KDA kernel %s, prefill %s (%d rows per pass)\n",
             b->devname, lo->total >> 20, lo->weight_bytes >> 20, lo->kv_bytes >> 20, lo->n_blocks, KV_BLK,
             d->n_gqa ? d->block_elems * 2 / KV_BLK / 1024 : 0, lo->state_bytes >> 20, d->max_seqs,
             d->slot_floats * 4 / 1048576.0, lo->act_bytes >> 20, d->TM, d->max_seq_len,
             full < d->max_seqs ? full : d->max_seqs, b->tn.gemv_max_t, b->tn.graphs ? "on" : "off",
-            b->tn.pdl ? "on" : "off", b->glt ? "on" : "off", b->tn.kda_tiled ? "tiled" : "block per head");
+            b->tn.pdl ? "on" : "off", b->glt ? "on" : "off", b->tn.kda_tiled ? "tiled" : "block per head",
+            b->fast_prefill ? "chunked KDA + flash attention" : "per-token kernels", d->PM);
 }
 
 int cuda_backend_create(backend **out, const backend_params *p, char *err, size_t errlen)
@@ -259,8 +319,18 @@ int cuda_backend_create(backend **out, const backend_params *p, char *err, size_
     b->tn = p->tuning;
     b->eps = c->norm_eps;
     b->base.destroy = cuda_destroy; /* for the fail path */
-    int rc = cp_dims_init(&b->d, c, p->w, p->max_seqs, p->max_seq_len, err, errlen);
+    int rc = cp_dims_init(&b->d, c, p->w, p->max_seqs, p->max_seq_len, b->tn.prefill_rows, err, errlen);
     if (rc) goto fail;
+    {
+        /* the prefill kernels where they support the shapes (else prompt
+         * passes take the decode kernels, as with fast_prefill=0) */
+        cp_dims *d = &b->d;
+        const int kda_ok = !d->n_kda || kc_kda_chunk_supported(d->H, d->K, d->V, d->taps);
+        b->fast_prefill = b->tn.fast_prefill && kda_ok;
+        if (b->fast_prefill && d->n_kda) d->kda_chunk_ws = kc_kda_chunk_workspace(d->PM, d->max_seqs, d->H, d->K, d->V);
+        if (b->fast_prefill && d->n_gqa)
+            d->attn_prefill_ws = kc_attn_prefill_workspace(d->PM, d->max_seqs, d->Hq, d->hd, d->max_seq_len);
+    }
     b->lw = (cu_layer *)calloc((size_t)c->n_layers, sizeof(cu_layer));
     if (!b->lw) {
         rc = KDA_ENOMEM;
@@ -318,6 +388,23 @@ int cuda_backend_create(backend **out, const backend_params *p, char *err, size_
         goto fail;
     }
     if (b->tn.gemm_lt) tune_gemms(b);
+    if (b->tn.prof) { /* events cannot be timed inside graphs: profiled runs are eager */
+        b->tn.graphs = 0;
+        b->prof_ev = (cudaEvent_t *)calloc(CU_PROF_MAX, sizeof(cudaEvent_t));
+        b->prof_kind = (unsigned char *)calloc(CU_PROF_MAX, 1);
+        if (!b->prof_ev || !b->prof_kind) {
+            rc = KDA_ENOMEM;
+            snprintf(err, errlen, "out of host memory");
+            goto fail;
+        }
+        for (int i = 0; i < CU_PROF_MAX; i++)
+            if (cudaEventCreate(&b->prof_ev[i]) != cudaSuccess) {
+                rc = KDA_EDEVICE;
+                snprintf(err, errlen, "cudaEventCreate failed");
+                goto fail;
+            }
+        b->base.prof_take = cuda_prof_take;
+    }
     if ((rc = warm_up(b, err, errlen))) goto fail;
 
     b->base.seq_reset = cuda_seq_reset;
@@ -335,6 +422,7 @@ int cuda_backend_create(backend **out, const backend_params *p, char *err, size_
     }
     b->base.device_name = b->devname;
     if (p->verbose) report(b);
+    b->prof_on = b->tn.prof; /* after the warm-up: only steps are profiled */
     *out = &b->base;
     return 0;
 fail:

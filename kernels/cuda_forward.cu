@@ -4,10 +4,12 @@
  * mixer's input projections (one GEMM, or the skinny GEMV with the RMSNorm in
  * its prologue at few rows), the fused KDA step or q/k norm + RoPE + KV append
  * + attention, the output projection with the residual added in its epilogue,
- * the MLP; then the final norm and the lm-head for the n_out output rows.
- * Also appends the rows' tokens to their slots' device history (the
- * sampler's penalties read it). Everything is stream-ordered and launch-only:
- * decode buckets capture this function into CUDA graphs.
+ * the MLP; cu_logits then applies the final norm and the lm-head to a block
+ * of output rows. Prompt passes (cu_forward_prefill) take the same GEMMs over
+ * many rows with the chunked KDA kernel and the prefill attention instead.
+ * Both append the rows' tokens to their slots' device history (the sampler's
+ * penalties read it). Everything is stream-ordered and launch-only: decode
+ * buckets capture cu_forward + cu_logits into CUDA graphs.
  */
 #include "cuda_internal.h"
 
@@ -93,14 +95,39 @@ static int gqa_mixer(cuda_backend *b, const cu_layer *w, int T, int split, cudaS
     return kc_gqa_attn(&a, b->opart, b->ml, nsplit, split, b->ybuf, d->Hq * d->hd, s);
 }
 
-int cu_forward(cuda_backend *b, int T, int n_items, int n_out, int split, char *err, size_t errlen)
+/* The MLP block on T rows: RMSNorm, gate|up GEMM (or the GEMV with the norm
+ * in its prologue and SwiGLU in its epilogue), down projection added to h. */
+static int mlp_block(cuda_backend *b, const cu_layer *w, int T, int gemv, char *err, size_t errlen)
+{
+    const int D = b->d.D, F = b->d.F;
+    cudaStream_t s = b->st;
+    if (gemv) {
+        KC_CHECK(kc_gemv(b->act, F, w->w_gu, F, D, b->h, D, w->mlp_norm, b->eps, T, KC_IN_NORM, KC_OUT_SWIGLU, s));
+        KC_CHECK(kc_gemv(b->h, D, w->w_down, D, F, b->act, F, NULL, 0.0f, T, KC_IN_BF16, KC_OUT_ADD, s));
+        PROF(b, KDA_PROF_GEMM);
+    } else {
+        KC_CHECK(kc_rmsnorm(b->xn, b->h, NULL, w->mlp_norm, T, D, b->eps, s));
+        PROF(b, KDA_PROF_OTHER);
+        KC_CHECK(gemm(b, b->proj, 2 * F, b->xn, D, w->w_gu, T, 2 * F, D, 0.0f, s));
+        PROF(b, KDA_PROF_GEMM);
+        KC_CHECK(kc_swiglu(b->act, b->proj, T, F, s));
+        PROF(b, KDA_PROF_OTHER);
+        KC_CHECK(gemm(b, b->h, D, b->act, F, w->w_down, T, D, F, 1.0f, s));
+        PROF(b, KDA_PROF_GEMM);
+    }
+    return 0;
+}
+
+int cu_forward(cuda_backend *b, int T, int n_items, int split, char *err, size_t errlen)
 {
     const cp_dims *d = &b->d;
-    const int D = d->D, F = d->F;
+    const int D = d->D;
     cudaStream_t s = b->st;
     const int gemv = T <= b->tn.gemv_max_t;
+    PROF(b, -1);
     KC_CHECK(kc_embed(b->h, b->embed, b->dm.tok_ids, T, D, s));
     KC_CHECK(kc_hist_append(b->d_hist, d->max_seq_len, b->dm.tok_ids, b->dm.tok_pos, b->dm.tok_slot, T, s));
+    PROF(b, KDA_PROF_OTHER);
     for (int l = 0; l < d->L; l++) {
         const cu_layer *w = &b->lw[l];
         /* mixer input projections (one GEMM for all of them) */
@@ -109,35 +136,140 @@ int cu_forward(cuda_backend *b, int T, int n_items, int n_out, int split, char *
                              KC_OUT_STORE, s));
         } else {
             KC_CHECK(kc_rmsnorm(b->xn, b->h, NULL, w->attn_norm, T, D, b->eps, s));
+            PROF(b, KDA_PROF_OTHER);
             KC_CHECK(gemm(b, b->proj, d->ldp, b->xn, D, w->w_mix, T, w->n_mix, D, 0.0f, s));
         }
+        PROF(b, KDA_PROF_GEMM);
         const int kda = b->c->kind[l] == KDA_LAYER_KDA;
         if (kda) KC_CHECK(kda_mixer(b, w, T, n_items, s));
         else KC_CHECK(gqa_mixer(b, w, T, split, s));
+        PROF(b, kda ? KDA_PROF_KDA : KDA_PROF_ATTN);
         const int ycols = kda ? d->HV : d->Hq * d->hd;
         /* output projection, residual added in the epilogue */
         if (gemv)
             KC_CHECK(kc_gemv(b->h, D, w->w_o, D, ycols, b->ybuf, ycols, NULL, 0.0f, T, KC_IN_BF16, KC_OUT_ADD, s));
         else
             KC_CHECK(gemm(b, b->h, D, b->ybuf, ycols, w->w_o, T, D, ycols, 1.0f, s));
-        /* MLP */
-        if (gemv) {
-            KC_CHECK(kc_gemv(b->act, F, w->w_gu, F, D, b->h, D, w->mlp_norm, b->eps, T, KC_IN_NORM, KC_OUT_SWIGLU, s));
-            KC_CHECK(kc_gemv(b->h, D, w->w_down, D, F, b->act, F, NULL, 0.0f, T, KC_IN_BF16, KC_OUT_ADD, s));
-        } else {
-            KC_CHECK(kc_rmsnorm(b->xn, b->h, NULL, w->mlp_norm, T, D, b->eps, s));
-            KC_CHECK(gemm(b, b->proj, 2 * F, b->xn, D, w->w_gu, T, 2 * F, D, 0.0f, s));
-            KC_CHECK(kc_swiglu(b->act, b->proj, T, F, s));
-            KC_CHECK(gemm(b, b->h, D, b->act, F, w->w_down, T, D, F, 1.0f, s));
-        }
+        PROF(b, KDA_PROF_GEMM);
+        int rc = mlp_block(b, w, T, gemv, err, errlen);
+        if (rc) return rc;
     }
-    if (n_out > 0) {
-        KC_CHECK(kc_rmsnorm(b->xn, b->h, b->dm.out_rows, b->final_norm, n_out, D, b->eps, s));
-        if (n_out <= b->tn.gemv_max_t)
-            KC_CHECK(kc_gemv(b->logits, d->vocab, b->lm_head, d->vocab, D, b->xn, D, NULL, 0.0f, n_out, KC_IN_BF16,
-                             KC_OUT_STORE, s));
-        else
-            KC_CHECK(gemm(b, b->logits, d->vocab, b->xn, D, b->lm_head, n_out, d->vocab, D, 0.0f, s));
+    return 0;
+}
+
+int cu_logits(cuda_backend *b, int k0, int n, char *err, size_t errlen)
+{
+    const cp_dims *d = &b->d;
+    cudaStream_t s = b->st;
+    if (n <= 0) return 0;
+    PROF(b, -1);
+    KC_CHECK(kc_rmsnorm(b->xn, b->h, b->dm.out_rows + k0, b->final_norm, n, d->D, b->eps, s));
+    PROF(b, KDA_PROF_OTHER);
+    if (n <= b->tn.gemv_max_t)
+        KC_CHECK(kc_gemv(b->logits, d->vocab, b->lm_head, d->vocab, d->D, b->xn, d->D, NULL, 0.0f, n, KC_IN_BF16,
+                         KC_OUT_STORE, s));
+    else
+        KC_CHECK(gemm(b, b->logits, d->vocab, b->xn, d->D, b->lm_head, n, d->vocab, d->D, 0.0f, s));
+    PROF(b, KDA_PROF_LMHEAD);
+    return 0;
+}
+
+/* ---- prompt passes: thousands of rows of many items at once ---- */
+
+static int kda_mixer_prefill(cuda_backend *b, const cu_layer *w, int T, int n_items, char *err, size_t errlen)
+{
+    const cp_dims *d = &b->d;
+    cudaStream_t s = b->st;
+    /* the low-rank gate and output-gate inputs: f0 | g0 (adjacent columns of
+     * proj) to bf16, then two tensor-core GEMMs into lowrank [T, HK + HV] */
+    const int lw = d->HK + d->HV;
+    KC_CHECK(kc_cast_bf16(b->lowin, 2 * d->R, b->proj + d->kda_off_f0, d->ldp, T, 2 * d->R, s));
+    PROF(b, KDA_PROF_KDA);
+    KC_CHECK(gemm(b, b->lowrank, lw, b->lowin, 2 * d->R, w->f1, T, d->HK, d->R, 0.0f, s));
+    KC_CHECK(gemm(b, b->lowrank + d->HK, lw, b->lowin + d->R, 2 * d->R, w->g1, T, d->HV, d->R, 0.0f, s));
+    PROF(b, KDA_PROF_GEMM);
+    kc_kda_chunk_args a;
+    memset(&a, 0, sizeof a);
+    a.proj = b->proj;
+    a.ldp = d->ldp;
+    a.off_beta = d->kda_off_beta;
+    a.lowrank = b->lowrank;
+    a.item_row0 = b->dm.item_row0;
+    a.item_ntok = b->dm.item_ntok;
+    a.item_slot = b->dm.item_slot;
+    a.n_items = n_items;
+    a.T = T;
+    a.state = b->state + (size_t)w->kda_idx * d->kda_layer_floats;
+    a.slot_stride = d->slot_floats;
+    a.convw = w->convw;
+    a.g_bias = w->g_bias;
+    a.A_log = w->A_log;
+    a.dt_bias = w->dt_bias;
+    a.onorm = w->onorm;
+    a.eps = b->eps;
+    a.H = d->H, a.K = d->K, a.V = d->V, a.taps = d->taps;
+    a.y = b->ybuf;
+    a.ldy = d->HV;
+    a.work = b->kda_ws;
+    a.work_bytes = d->kda_chunk_ws;
+    KC_CHECK(kc_kda_chunk(&a, s));
+    PROF(b, KDA_PROF_KDA);
+    return 0;
+}
+
+static int gqa_mixer_prefill(cuda_backend *b, const cu_layer *w, int T, int n_items, int max_ctx, char *err,
+                             size_t errlen)
+{
+    const cp_dims *d = &b->d;
+    kc_gqa_args a;
+    memset(&a, 0, sizeof a);
+    a.proj = b->proj;
+    a.ldp = d->ldp;
+    a.off_q = d->gqa_off_q, a.off_k = d->gqa_off_k, a.off_v = d->gqa_off_v, a.off_gate = d->gqa_off_g;
+    a.tok_pos = b->dm.tok_pos;
+    a.tok_slot = b->dm.tok_slot;
+    a.T = T;
+    a.q_norm = w->q_norm, a.k_norm = w->k_norm;
+    a.eps = b->eps;
+    a.Hq = d->Hq, a.Hkv = d->Hkv, a.hd = d->hd, a.rope_dim = d->rope_dim;
+    a.theta = b->c->rope_theta;
+    a.q = b->q;
+    a.kv = b->kv;
+    a.block_stride = d->block_elems;
+    a.layer_off = (size_t)w->gqa_idx * d->kv_layer_elems;
+    a.blk = KV_BLK;
+    a.block_table = b->d_table;
+    a.max_blocks = d->max_blocks;
+    KC_CHECK(kc_gqa_qkv(&a, b->st)); /* q/k norm + RoPE, K/V appended to the cache */
+    KC_CHECK(kc_attn_prefill(&a, b->dm.item_row0, b->dm.item_ntok, b->dm.item_pos0, b->dm.item_slot, n_items, max_ctx,
+                             b->ybuf, d->Hq * d->hd, b->attn_ws, d->attn_prefill_ws, b->st));
+    PROF(b, KDA_PROF_ATTN);
+    return 0;
+}
+
+int cu_forward_prefill(cuda_backend *b, int T, int n_items, int max_ctx, char *err, size_t errlen)
+{
+    const cp_dims *d = &b->d;
+    const int D = d->D;
+    cudaStream_t s = b->st;
+    PROF(b, -1);
+    KC_CHECK(kc_embed(b->h, b->embed, b->dm.tok_ids, T, D, s));
+    KC_CHECK(kc_hist_append(b->d_hist, d->max_seq_len, b->dm.tok_ids, b->dm.tok_pos, b->dm.tok_slot, T, s));
+    PROF(b, KDA_PROF_OTHER);
+    for (int l = 0; l < d->L; l++) {
+        const cu_layer *w = &b->lw[l];
+        KC_CHECK(kc_rmsnorm(b->xn, b->h, NULL, w->attn_norm, T, D, b->eps, s));
+        PROF(b, KDA_PROF_OTHER);
+        KC_CHECK(gemm(b, b->proj, d->ldp, b->xn, D, w->w_mix, T, w->n_mix, D, 0.0f, s));
+        PROF(b, KDA_PROF_GEMM);
+        const int kda = b->c->kind[l] == KDA_LAYER_KDA;
+        int rc = kda ? kda_mixer_prefill(b, w, T, n_items, err, errlen)
+                     : gqa_mixer_prefill(b, w, T, n_items, max_ctx, err, errlen);
+        if (rc) return rc;
+        const int ycols = kda ? d->HV : d->Hq * d->hd;
+        KC_CHECK(gemm(b, b->h, D, b->ybuf, ycols, w->w_o, T, D, ycols, 1.0f, s));
+        PROF(b, KDA_PROF_GEMM);
+        if ((rc = mlp_block(b, w, T, 0, err, errlen))) return rc;
     }
     return 0;
 }

@@ -23,6 +23,8 @@
 #include "cuda_gemm.h"
 #include "cuda_ops.h"
 #include "cuda_plan.h"
+#include "kda_chunk.h"
+#include "prefill_ops.h"
 #include "model.h"
 
 #define CK(call)                                                                                   \
@@ -52,7 +54,8 @@ typedef struct {
     int n_mix;         /* rows of w_mix */
     /* KDA */
     float *convw;      /* [2HK+HV, taps] */
-    uint16_t *f1t, *g1t; /* [R, HK], [R, HV] */
+    uint16_t *f1t, *g1t; /* [R, HK], [R, HV]: the decode kernel's low-rank layout */
+    uint16_t *f1, *g1;   /* [HK, R], [HV, R]: the prefill GEMMs' */
     float *g_bias, *A_log, *dt_bias, *onorm; /* [HV], [H], [HK], [V] */
     int kda_idx;       /* index among KDA layers (state offset) */
     /* GQA */
@@ -84,23 +87,41 @@ typedef struct {
     kv_alloc ka;
     /* activations (device) */
     float *h, *proj, *q, *opart, *ml, *logits, *lse, *tlp, *lowrank;
-    uint16_t *xn, *act, *ybuf;
-    int32_t *d_meta;           /* cp_meta arrays, CP_META_ARRAYS x TM */
+    uint16_t *xn, *act, *ybuf, *lowin;
+    void *kda_ws, *attn_ws;    /* prefill kernels' workspaces */
+    int fast_prefill;          /* prompt passes use the prefill kernels (tuning, and shapes they support) */
+    int32_t *d_meta;           /* cp_meta arrays, CP_META_ARRAYS x PM */
     cp_meta dm, hm;            /* device / pinned host views */
     int32_t *h_meta;           /* pinned: meta, then the output buffers below */
     kc_sample_param *d_sp, *h_sp;
     kda_logit_bias *d_bias, *h_bias;
     int *d_scratch;
-    int32_t *d_tok, *h_tok, *d_top, *h_top;
-    float *d_lp, *h_lp, *d_toplp, *h_toplp, *h_tlp;
+    int32_t *d_tok, *h_tok, *d_top, *h_top, *d_ptop, *h_ptop; /* sampled-row top-n; per-position top-n */
+    float *d_lp, *h_lp, *d_toplp, *h_toplp, *d_ptoplp, *h_ptoplp, *h_tlp;
     float *h_rows;             /* pinned [CU_HOST_ROWS, vocab]: logits rows copied back */
     void *cublas_ws;
     /* step workspace (host), sized at create */
-    int *row_item, *row_tok;   /* [TM] */
+    int *row_item, *row_tok;   /* [PM] */
     int *done;                 /* [max_seqs] */
     /* decode graphs, one per bucket */
     cudaGraphExec_t graph[CP_N_BUCKETS];
+    /* tuning prof=1: an event after each piece of work, the kind of work
+     * since the previous event; folded into prof_ms when a step ends */
+    int prof_on, prof_n, prof_steps;
+    cudaEvent_t *prof_ev;      /* [CU_PROF_MAX] */
+    unsigned char *prof_kind;  /* [CU_PROF_MAX] */
+    double prof_ms[KDA_PROF_N];
 } cuda_backend;
+
+#define CU_PROF_MAX 8192
+/* the work enqueued since the previous mark was of this kind */
+void cu_prof_mark(cuda_backend *b, int kind);
+/* after the stream is idle: fold the marks of this step into prof_ms */
+void cu_prof_fold(cuda_backend *b);
+#define PROF(b, kind)                                                                              \
+    do {                                                                                           \
+        if ((b)->prof_on) cu_prof_mark((b), (kind));                                               \
+    } while (0)
 
 #define CU_HOST_ROWS 32 /* logits rows copied to the host per round (all-logits / per-position top-n) */
 
@@ -108,7 +129,12 @@ typedef struct {
 int cu_upload_weights(cuda_backend *b, const model_weights *W, char *err, size_t errlen);
 /* cuda_forward.cu */
 int cu_attn_split(const cuda_backend *b, int T);
-int cu_forward(cuda_backend *b, int T, int n_items, int n_out, int split, char *err, size_t errlen);
+/* the layers over T rows (decode kernels: per-token KDA, flash-decoding) */
+int cu_forward(cuda_backend *b, int T, int n_items, int split, char *err, size_t errlen);
+/* the same through the prefill kernels (chunked KDA, prefill attention) */
+int cu_forward_prefill(cuda_backend *b, int T, int n_items, int max_ctx, char *err, size_t errlen);
+/* final norm + lm-head of out rows [k0, k0 + n) into logits [n, vocab] (n <= TM) */
+int cu_logits(cuda_backend *b, int k0, int n, char *err, size_t errlen);
 /* cuda_step.cu */
 int cu_upload_meta(cuda_backend *b, char *err, size_t errlen);
 int cu_step(backend *bb, const step_item *items, int n, char *err, size_t errlen);

@@ -39,6 +39,9 @@ int kc_hist_append(int32_t *hist, int cap, const int32_t *ids, const int32_t *po
 int kc_rmsnorm(uint16_t *out, const float *x, const int32_t *rows, const float *w, int T, int D,
                float eps, cudaStream_t s);
 
+/* out[t * ldo + c] = bf16(in[t * ldi + c]) for c < ncols. */
+int kc_cast_bf16(uint16_t *out, int ldo, const float *in, int ldi, int T, int ncols, cudaStream_t s);
+
 /* out[t, f] = bf16(silu(gu[t, f]) * gu[t, F + f]); gu [T, 2F] fp32. */
 int kc_swiglu(uint16_t *out, const float *gu, int T, int F, cudaStream_t s);
 

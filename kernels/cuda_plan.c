@@ -11,7 +11,7 @@
 #define CP_SAMPLE_PARAM_BYTES 128
 
 int cp_dims_init(cp_dims *d, const model_config *c, const model_weights *w, int max_seqs, int max_seq_len,
-                 char *err, size_t errlen)
+                 int prefill_rows, char *err, size_t errlen)
 {
     memset(d, 0, sizeof *d);
     d->D = c->d, d->F = c->ffn, d->vocab = c->vocab, d->L = c->n_layers;
@@ -59,6 +59,7 @@ int cp_dims_init(cp_dims *d, const model_config *c, const model_weights *w, int 
     int tm = 1;
     while (tm < max_seqs) tm <<= 1;
     d->TM = tm < 256 ? 256 : tm;
+    d->PM = prefill_rows > d->TM ? prefill_rows : d->TM;
     d->max_blocks = (max_seq_len + KV_BLK - 1) / KV_BLK;
     d->kv_layer_elems = (size_t)2 * d->Hkv * KV_BLK * d->hd;
     d->block_elems = d->kv_layer_elems * d->n_gqa;
@@ -83,7 +84,7 @@ void cp_layout_compute(cp_layout *lo, const cp_dims *d, const model_config *c, i
 {
     memset(lo, 0, sizeof *lo);
     size_t o = 0;
-    const size_t D = (size_t)d->D, F = (size_t)d->F, TM = (size_t)d->TM;
+    const size_t D = (size_t)d->D, F = (size_t)d->F, TM = (size_t)d->TM, PM = (size_t)d->PM;
     lo->embed = take(&o, (size_t)d->vocab * D * 2);
     lo->lm_head = d->tied ? lo->embed : take(&o, (size_t)d->vocab * D * 2);
     lo->final_norm = take(&o, D * 4);
@@ -106,6 +107,8 @@ void cp_layout_compute(cp_layout *lo, const cp_dims *d, const model_config *c, i
             w->A_log = take(&o, (size_t)d->H * 4);
             w->dt_bias = take(&o, (size_t)d->HK * 4);
             w->onorm = take(&o, (size_t)d->V * 4);
+            w->f1 = take(&o, (size_t)d->HK * d->R * 2);
+            w->g1 = take(&o, (size_t)d->HV * d->R * 2);
         } else if (c->qk_norm) {
             w->q_norm = take(&o, (size_t)d->hd * 4);
             w->k_norm = take(&o, (size_t)d->hd * 4);
@@ -115,19 +118,22 @@ void cp_layout_compute(cp_layout *lo, const cp_dims *d, const model_config *c, i
     lo->state = take(&o, d->slot_floats * 4 * (size_t)d->max_seqs);
     lo->state_bytes = o - lo->state;
     const size_t mark = o;
-    lo->h = take(&o, TM * D * 4);
-    lo->proj = take(&o, TM * d->ldp * 4);
-    lo->q = take(&o, TM * d->Hq * d->hd * 4 + 4);
-    lo->lowrank = take(&o, TM * (d->HK + d->HV) * 4 + 4);
+    lo->h = take(&o, PM * D * 4);
+    lo->proj = take(&o, PM * d->ldp * 4);
+    lo->q = take(&o, PM * d->Hq * d->hd * 4 + 4);
+    lo->lowrank = take(&o, PM * (d->HK + d->HV) * 4 + 4);
+    lo->lowin = take(&o, PM * 2 * d->R * 2 + 4);
+    lo->kda_ws = take(&o, d->kda_chunk_ws);
+    lo->attn_ws = take(&o, d->attn_prefill_ws);
     lo->opart = take(&o, (size_t)d->rs_cap * d->Hq * d->hd * 4 + 4);
     lo->ml = take(&o, (size_t)d->rs_cap * d->Hq * 2 * 4 + 4);
     lo->logits = take(&o, TM * d->vocab * 4);
     lo->lse = take(&o, TM * 4);
     lo->tlp = take(&o, TM * 4);
-    lo->xn = take(&o, TM * D * 2);
-    lo->act = take(&o, TM * F * 2);
-    lo->ybuf = take(&o, TM * d->ycols * 2);
-    lo->meta = take(&o, (size_t)CP_META_ARRAYS * TM * 4);
+    lo->xn = take(&o, PM * D * 2);
+    lo->act = take(&o, PM * F * 2);
+    lo->ybuf = take(&o, PM * d->ycols * 2);
+    lo->meta = take(&o, (size_t)CP_META_ARRAYS * PM * 4);
     lo->sample_params = take(&o, TM * CP_SAMPLE_PARAM_BYTES);
     lo->hist = take(&o, (size_t)d->max_seqs * d->max_seq_len * 4);
     lo->scratch = take(&o, TM * d->vocab * 4);
@@ -135,6 +141,8 @@ void cp_layout_compute(cp_layout *lo, const cp_dims *d, const model_config *c, i
     lo->lp = take(&o, TM * 4);
     lo->top = take(&o, TM * KDA_MAX_TOP * 4);
     lo->toplp = take(&o, TM * KDA_MAX_TOP * 4);
+    lo->ptop = take(&o, TM * KDA_MAX_TOP * 4);
+    lo->ptoplp = take(&o, TM * KDA_MAX_TOP * 4);
     lo->bias = take(&o, TM * KDA_MAX_LOGIT_BIAS * sizeof(kda_logit_bias));
     lo->table = take(&o, (size_t)d->max_seqs * d->max_blocks * 4);
     lo->cublas_ws = take(&o, CP_CUBLAS_WS);
@@ -173,11 +181,11 @@ int cp_layout_fit(cp_layout *lo, const cp_dims *d, const model_config *c, size_t
     return 0;
 }
 
-void cp_meta_carve(cp_meta *m, int32_t *base, int TM)
+void cp_meta_carve(cp_meta *m, int32_t *base, int PM)
 {
     int32_t **f[CP_META_ARRAYS] = {&m->tok_ids,   &m->tok_pos,   &m->tok_slot, &m->item_row0, &m->item_ntok,
-                                   &m->item_slot, &m->out_rows, &m->lp_rows,  &m->lp_targets};
-    for (int i = 0; i < CP_META_ARRAYS; i++) *f[i] = base + (size_t)i * TM;
+                                   &m->item_slot, &m->item_pos0, &m->out_rows, &m->lp_rows,  &m->lp_targets};
+    for (int i = 0; i < CP_META_ARRAYS; i++) *f[i] = base + (size_t)i * PM;
 }
 
 /* ---- KV block allocator ---- */
@@ -249,24 +257,27 @@ int cp_pack_decode(cp_meta *m, const step_item *items, int n, int graphs, int *b
         m->item_row0[r] = r;
         m->item_ntok[r] = 1;
         m->item_slot[r] = real ? items[r].slot : -1;
+        m->item_pos0[r] = m->tok_pos[r];
         m->out_rows[r] = r;
     }
     *bucket = bi;
     return Tb;
 }
 
-int cp_pack_pass(cp_meta *m, const step_item *items, int n, int *done, int TM, int *n_items, int *n_out,
-                 int *row_item, int *row_tok)
+int cp_pack_pass(cp_meta *m, const step_item *items, int n, int *done, int PM, int *n_items, int *n_out,
+                 int *max_ctx, int *row_item, int *row_tok)
 {
-    int T = 0, ni = 0, no = 0;
-    for (int i = 0; i < n && T < TM; i++) {
+    int T = 0, ni = 0, no = 0, ctx = 0;
+    for (int i = 0; i < n && T < PM; i++) {
         const kda_batch_item *it = items[i].it;
         const int rem = it->n_tokens - done[i];
         if (rem <= 0) continue;
-        const int take_n = rem < TM - T ? rem : TM - T;
+        const int take_n = rem < PM - T ? rem : PM - T;
         m->item_row0[ni] = T;
         m->item_ntok[ni] = take_n;
         m->item_slot[ni] = items[i].slot;
+        m->item_pos0[ni] = items[i].pos + done[i];
+        if (items[i].pos + done[i] + take_n > ctx) ctx = items[i].pos + done[i] + take_n;
         ni++;
         for (int k = 0; k < take_n; k++) {
             const int tk = done[i] + k;
@@ -285,5 +296,6 @@ int cp_pack_pass(cp_meta *m, const step_item *items, int n, int *done, int TM, i
     }
     *n_items = ni;
     *n_out = no;
+    *max_ctx = ctx;
     return T;
 }

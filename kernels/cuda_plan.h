@@ -36,7 +36,9 @@ typedef struct {
     int ldp;                                      /* row stride of the projection buffer */
     int ycols;                                    /* widest mixer output (HV or Hq*hd) */
     int max_seqs, max_seq_len;
-    int TM;                                       /* rows per forward pass (>= max_seqs, power of two) */
+    int TM;                                       /* decode rows (>= max_seqs, power of two): graph buckets, logits blocks */
+    int PM;                                       /* rows per prefill pass (>= TM) */
+    size_t kda_chunk_ws, attn_prefill_ws;         /* prefill kernels' workspaces (set by the executor; 0 = none) */
     int max_blocks;                               /* KV blocks of one full-context sequence */
     size_t kv_layer_elems, block_elems;           /* bf16 elements of one block: per GQA layer, all layers */
     size_t kda_layer_floats, slot_floats;         /* KDA state per layer (16-byte rounded), per slot */
@@ -45,14 +47,16 @@ typedef struct {
 } cp_dims;
 
 /* Derives the dims and checks every shape the kernels support; KDA_EUNSUP
- * naming the shape otherwise. */
+ * naming the shape otherwise. prefill_rows: rows of one prefill pass (0 or
+ * less than TM: TM). */
 int cp_dims_init(cp_dims *d, const model_config *c, const model_weights *w, int max_seqs, int max_seq_len,
-                 char *err, size_t errlen);
+                 int prefill_rows, char *err, size_t errlen);
 
 /* Byte offsets into the pool (every region 256-byte aligned). */
 typedef struct {
     size_t w_mix, w_o, w_gu, w_down, attn_norm, mlp_norm; /* every layer */
     size_t convw, f1t, g1t, g_bias, A_log, dt_bias, onorm; /* KDA layers */
+    size_t f1, g1;                                         /* KDA: F1 [HK, R], G1 [HV, R] for the prefill GEMMs */
     size_t q_norm, k_norm;                                 /* GQA layers with qk_norm */
     int n_mix;                                             /* rows of w_mix */
 } cp_layer_off;
@@ -63,7 +67,8 @@ typedef struct {
     size_t weights_end;                   /* weights occupy [0, weights_end) */
     size_t state;                         /* [max_seqs][slot_floats] fp32 */
     size_t h, proj, q, lowrank, opart, ml, logits, lse, tlp, xn, act, ybuf; /* activations */
-    size_t meta, sample_params, hist, scratch, tok, lp, top, toplp, bias, table;
+    size_t lowin, kda_ws, attn_ws;        /* prefill: f0|g0 as bf16 [PM, 2R]; kernel workspaces */
+    size_t meta, sample_params, hist, scratch, tok, lp, top, toplp, ptop, ptoplp, bias, table;
     size_t cublas_ws;
     size_t act_end;                       /* everything but the KV blocks: [0, act_end) */
     size_t kv;                            /* [n_blocks][n_gqa][K|V][Hkv][KV_BLK][hd] bf16 */
@@ -72,17 +77,18 @@ typedef struct {
     int n_blocks;
 } cp_layout;
 
-#define CP_META_ARRAYS 9        /* step_meta int32 arrays of TM each */
+#define CP_META_ARRAYS 10       /* cp_meta int32 arrays of PM each */
 #define CP_CUBLAS_WS (32u << 20)
 
 /* Host mirror of the per-step row metadata (uploaded in one copy). */
 typedef struct {
-    int32_t *tok_ids, *tok_pos, *tok_slot;      /* [TM] */
-    int32_t *item_row0, *item_ntok, *item_slot; /* [TM] */
-    int32_t *out_rows;                          /* [TM] rows whose logits are computed */
-    int32_t *lp_rows, *lp_targets;              /* [TM] */
+    int32_t *tok_ids, *tok_pos, *tok_slot;      /* [rows] */
+    int32_t *item_row0, *item_ntok, *item_slot; /* [items] */
+    int32_t *item_pos0;                         /* [items] position of the item's first row */
+    int32_t *out_rows;                          /* [rows] rows whose logits are computed, in order */
+    int32_t *lp_rows, *lp_targets;              /* [rows] */
 } cp_meta;
-void cp_meta_carve(cp_meta *m, int32_t *base, int TM); /* 9 x TM int32 from base */
+void cp_meta_carve(cp_meta *m, int32_t *base, int PM); /* CP_META_ARRAYS x PM int32 from base */
 
 /* The pool for n_blocks KV blocks. Pure: same inputs, same layout. */
 void cp_layout_compute(cp_layout *lo, const cp_dims *d, const model_config *c, int n_blocks);
@@ -121,9 +127,9 @@ int cp_pack_decode(cp_meta *m, const step_item *items, int n, int graphs, int *b
  * stays sequential. done[n] (zero before the first call) tracks progress.
  * Output rows (logits wanted) go to m->out_rows with their (item, token) in
  * row_item/row_tok. Returns the pass's rows T (0 when all is done) and sets
- * *n_items / *n_out. */
-int cp_pack_pass(cp_meta *m, const step_item *items, int n, int *done, int TM, int *n_items, int *n_out,
-                 int *row_item, int *row_tok);
+ * *n_items / *n_out / *max_ctx (the largest pos0 + ntok of its items). */
+int cp_pack_pass(cp_meta *m, const step_item *items, int n, int *done, int PM, int *n_items, int *n_out,
+                 int *max_ctx, int *row_item, int *row_tok);
 
 /* 1 when row t of the item needs its logits (per-position outputs, or the last
  * row when it samples or returns logits). */

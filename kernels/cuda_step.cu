@@ -21,30 +21,32 @@ int cu_upload_meta(cuda_backend *b, char *err, size_t errlen)
 }
 
 /* T rows of metadata are in b->hm. decode: replay (capturing it the first
- * time) the graph of bucket bi, whose row count is T. */
-static int run_pass(cuda_backend *b, int T, int n_items, int n_out, int decode, int bi, char *err, size_t errlen)
+ * time) the graph of bucket bi, whose rows and output rows are T. */
+static int run_decode(cuda_backend *b, int T, int bi, char *err, size_t errlen)
 {
     int rc = cu_upload_meta(b, err, errlen);
     if (rc) return rc;
-    if (decode && b->tn.graphs) {
-        if (!b->graph[bi]) {
-            const int split = cu_attn_split(b, T);
-            cudaGraph_t g;
-            CK(cudaStreamBeginCapture(b->st, cudaStreamCaptureModeThreadLocal));
-            rc = cu_forward(b, T, T, T, split, err, errlen);
-            cudaError_t e = cudaStreamEndCapture(b->st, &g);
-            if (rc) return rc;
-            if (e != cudaSuccess) {
-                snprintf(err, errlen, "graph capture failed: %s", cudaGetErrorString(e));
-                return KDA_EDEVICE;
-            }
-            CK(cudaGraphInstantiate(&b->graph[bi], g, 0));
-            cudaGraphDestroy(g);
-        }
-        CK(cudaGraphLaunch(b->graph[bi], b->st));
-        return 0;
+    const int split = cu_attn_split(b, T);
+    if (!b->tn.graphs) {
+        rc = cu_forward(b, T, T, split, err, errlen);
+        return rc ? rc : cu_logits(b, 0, T, err, errlen);
     }
-    return cu_forward(b, T, n_items, n_out, cu_attn_split(b, T), err, errlen);
+    if (!b->graph[bi]) {
+        cudaGraph_t g;
+        CK(cudaStreamBeginCapture(b->st, cudaStreamCaptureModeThreadLocal));
+        rc = cu_forward(b, T, T, split, err, errlen);
+        if (!rc) rc = cu_logits(b, 0, T, err, errlen);
+        cudaError_t e = cudaStreamEndCapture(b->st, &g);
+        if (rc) return rc;
+        if (e != cudaSuccess) {
+            snprintf(err, errlen, "graph capture failed: %s", cudaGetErrorString(e));
+            return KDA_EDEVICE;
+        }
+        CK(cudaGraphInstantiate(&b->graph[bi], g, 0));
+        cudaGraphDestroy(g);
+    }
+    CK(cudaGraphLaunch(b->graph[bi], b->st));
+    return 0;
 }
 
 static int penalised(const kda_sampling *sp)
@@ -80,24 +82,36 @@ static int logits_to_host(cuda_backend *b, const step_item *items, const int *ro
     return 0;
 }
 
-/* After a pass: compute and copy back the outputs of its rows. */
+/* After the logits of out rows [0, n_out) (row_item / row_tok say whose) are
+ * in b->logits: compute and copy back what their items asked for. With the
+ * prefill kernels one fused pass per row gives lse, target log-probs and the
+ * per-position top-n (kc_logprob_rows); otherwise kc_row_lse + gather, and
+ * per-position top-n through kc_sample's (greedy) top-n. */
 static int emit_outputs(cuda_backend *b, const step_item *items, const int *row_item, const int *row_tok, int n_out,
                         char *err, size_t errlen)
 {
-    const int vocab = b->d.vocab, cap = b->d.max_seq_len;
-    int need_lse = 0, n_lp = 0, n_sp = 0, n_bias = 0, any_top = 0;
+    const int vocab = b->d.vocab, cap = b->d.max_seq_len, fused = b->fast_prefill;
+    int need_lse = 0, n_lp = 0, n_sp = 0, n_bias = 0, any_top = 0, ptop = 0;
     for (int r = 0; r < n_out; r++) {
         const step_item *si = &items[row_item[r]];
         const kda_batch_item *it = si->it;
+        if (fused) b->hm.lp_targets[r] = -1;
         if (it->targets && it->target_logprobs) {
-            b->hm.lp_rows[n_lp] = r;
-            b->hm.lp_targets[n_lp] = it->targets[row_tok[r]];
+            if (fused) {
+                b->hm.lp_targets[r] = it->targets[row_tok[r]];
+            } else {
+                b->hm.lp_rows[n_lp] = r;
+                b->hm.lp_targets[n_lp] = it->targets[row_tok[r]];
+            }
             n_lp++;
             need_lse = 1;
         }
         const int samples = row_tok[r] == it->n_tokens - 1 && it->sampling;
         const int pos_top = it->n_top > 0 && it->pos_top_ids && it->pos_top_logprobs;
-        if (!samples && pos_top) { /* alternatives only: a greedy draw whose token is ignored */
+        if (pos_top && fused) {
+            ptop = it->n_top > ptop ? it->n_top : ptop;
+            need_lse = 1;
+        } else if (!samples && pos_top) { /* alternatives only: a greedy draw whose token is ignored */
             kc_sample_param *p = &b->h_sp[n_sp++];
             memset(p, 0, sizeof *p);
             p->row = r;
@@ -136,8 +150,19 @@ static int emit_outputs(cuda_backend *b, const step_item *items, const int *row_
         }
     }
     cudaStream_t s = b->st;
-    if (need_lse) KC_CHECK(kc_row_lse(b->lse, b->logits, n_out, vocab, s));
-    if (n_lp) {
+    if (fused && need_lse) {
+        if (n_lp) CK(cudaMemcpyAsync(b->dm.lp_targets, b->hm.lp_targets, (size_t)n_out * 4, cudaMemcpyHostToDevice, s));
+        KC_CHECK(kc_logprob_rows(b->logits, vocab, n_out, vocab, n_lp ? b->dm.lp_targets : NULL, b->lse, b->tlp, ptop,
+                                 b->d_ptop, b->d_ptoplp, s));
+        if (n_lp) CK(cudaMemcpyAsync(b->h_tlp, b->tlp, (size_t)n_out * 4, cudaMemcpyDeviceToHost, s));
+        if (ptop) {
+            CK(cudaMemcpyAsync(b->h_ptop, b->d_ptop, (size_t)n_out * ptop * 4, cudaMemcpyDeviceToHost, s));
+            CK(cudaMemcpyAsync(b->h_ptoplp, b->d_ptoplp, (size_t)n_out * ptop * 4, cudaMemcpyDeviceToHost, s));
+        }
+    } else if (need_lse) {
+        KC_CHECK(kc_row_lse(b->lse, b->logits, n_out, vocab, s));
+    }
+    if (n_lp && !fused) {
         CK(cudaMemcpyAsync(b->dm.lp_rows, b->hm.lp_rows, (size_t)n_lp * 4, cudaMemcpyHostToDevice, s));
         CK(cudaMemcpyAsync(b->dm.lp_targets, b->hm.lp_targets, (size_t)n_lp * 4, cudaMemcpyHostToDevice, s));
         KC_CHECK(kc_gather_logprob(b->tlp, b->logits, b->lse, b->dm.lp_rows, b->dm.lp_targets, n_lp, vocab, s));
@@ -155,6 +180,7 @@ static int emit_outputs(cuda_backend *b, const step_item *items, const int *row_
             CK(cudaMemcpyAsync(b->h_toplp, b->d_toplp, (size_t)n_sp * KDA_MAX_TOP * 4, cudaMemcpyDeviceToHost, s));
         }
     }
+    PROF(b, KDA_PROF_LMHEAD);
     int rc = logits_to_host(b, items, row_item, row_tok, n_out, err, errlen);
     if (rc) return rc;
     CK(cudaStreamSynchronize(s));
@@ -162,10 +188,14 @@ static int emit_outputs(cuda_backend *b, const step_item *items, const int *row_
     for (int r = 0; r < n_out; r++) {
         const kda_batch_item *it = items[row_item[r]].it;
         const int t = row_tok[r];
-        if (it->targets && it->target_logprobs) it->target_logprobs[t] = b->h_tlp[ilp++];
+        if (it->targets && it->target_logprobs) it->target_logprobs[t] = b->h_tlp[fused ? r : ilp++];
         const int samples = t == it->n_tokens - 1 && it->sampling;
         const int pos_top = it->n_top > 0 && it->pos_top_ids && it->pos_top_logprobs;
-        if (!samples && !pos_top) continue;
+        if (pos_top && fused) {
+            memcpy(it->pos_top_ids + (size_t)t * it->n_top, b->h_ptop + (size_t)r * ptop, (size_t)it->n_top * 4);
+            memcpy(it->pos_top_logprobs + (size_t)t * it->n_top, b->h_ptoplp + (size_t)r * ptop, (size_t)it->n_top * 4);
+        }
+        if (!samples && (!pos_top || fused)) continue;
         const int32_t *ids = b->h_top + (size_t)isp * KDA_MAX_TOP;
         const float *lps = b->h_toplp + (size_t)isp * KDA_MAX_TOP;
         if (samples) {
@@ -176,7 +206,7 @@ static int emit_outputs(cuda_backend *b, const step_item *items, const int *row_
                 memcpy(it->top_logprobs, lps, (size_t)it->n_top * 4);
             }
         }
-        if (pos_top) {
+        if (pos_top && !fused) {
             memcpy(it->pos_top_ids + (size_t)t * it->n_top, ids, (size_t)it->n_top * 4);
             memcpy(it->pos_top_logprobs + (size_t)t * it->n_top, lps, (size_t)it->n_top * 4);
         }
@@ -185,28 +215,54 @@ static int emit_outputs(cuda_backend *b, const step_item *items, const int *row_
     return 0;
 }
 
+static int step(cuda_backend *b, const step_item *items, int n, char *err, size_t errlen);
+
 int cu_step(backend *bb, const step_item *items, int n, char *err, size_t errlen)
 {
     cuda_backend *b = (cuda_backend *)bb;
-    int decode = n <= b->d.TM;
+    const int rc = step(b, items, n, err, errlen);
+    if (b->prof_on && !rc) {
+        cudaStreamSynchronize(b->st);
+        cu_prof_fold(b);
+        b->prof_steps++;
+    }
+    return rc;
+}
+
+static int step(cuda_backend *b, const step_item *items, int n, char *err, size_t errlen)
+{
+    const cp_dims *d = &b->d;
+    int decode = n <= d->TM;
     for (int i = 0; i < n && decode; i++) decode = items[i].it->n_tokens == 1;
     int *row_item = b->row_item, *row_tok = b->row_tok, rc = 0;
     if (decode) {
         int bi = 0;
         const int Tb = cp_pack_decode(&b->hm, items, n, b->tn.graphs, &bi);
         for (int r = 0; r < n; r++) row_item[r] = r, row_tok[r] = 0; /* logits row r = item r */
-        rc = run_pass(b, Tb, Tb, Tb, 1, bi, err, errlen);
-        if (!rc) rc = emit_outputs(b, items, row_item, row_tok, n, err, errlen);
-        return rc;
+        rc = run_decode(b, Tb, bi, err, errlen);
+        return rc ? rc : emit_outputs(b, items, row_item, row_tok, n, err, errlen);
     }
+    /* prompt chunks (and any decode rows with them): passes of at most PM rows
+     * (TM with the decode kernels), outputs in blocks of TM rows */
+    const int rows = b->fast_prefill ? d->PM : d->TM;
     memset(b->done, 0, (size_t)n * sizeof *b->done);
     for (;;) {
-        int ni = 0, no = 0;
-        const int T = cp_pack_pass(&b->hm, items, n, b->done, b->d.TM, &ni, &no, row_item, row_tok);
+        int ni = 0, no = 0, ctx = 0;
+        const int T = cp_pack_pass(&b->hm, items, n, b->done, rows, &ni, &no, &ctx, row_item, row_tok);
         if (T == 0) break;
-        rc = run_pass(b, T, ni, no, 0, 0, err, errlen);
-        if (!rc && no) rc = emit_outputs(b, items, row_item, row_tok, no, err, errlen);
+        if ((rc = cu_upload_meta(b, err, errlen))) return rc;
+        rc = b->fast_prefill ? cu_forward_prefill(b, T, ni, ctx, err, errlen)
+                             : cu_forward(b, T, ni, cu_attn_split(b, T), err, errlen);
+        for (int k0 = 0; !rc && k0 < no; k0 += d->TM) {
+            const int nb = no - k0 < d->TM ? no - k0 : d->TM;
+            rc = cu_logits(b, k0, nb, err, errlen);
+            if (!rc) rc = emit_outputs(b, items, row_item + k0, row_tok + k0, nb, err, errlen);
+        }
         if (rc) return rc;
+        /* the next pass packs into the same pinned metadata the upload above
+         * reads asynchronously: wait for this pass first (emit_outputs did
+         * when there were outputs) */
+        if (!no) CK(cudaStreamSynchronize(b->st));
     }
     CK(cudaStreamSynchronize(b->st));
     return 0;

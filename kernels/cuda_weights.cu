@@ -2,8 +2,9 @@
  * cuda_weights.cu - weight upload and re-layout, once at create: every matrix
  * to bf16 in the pool regions the planner assigned (cuda_plan.c), the KDA
  * mixer's input projections stacked into one matrix [q|k|v|f0|g0|b] and the
- * GQA ones into [q|gate|k|v] (one GEMM each), F1 / G1 transposed for the
- * low-rank kernel, small vectors as fp32. Conversion goes through a small host
+ * GQA ones into [q|gate|k|v] (one GEMM each), F1 / G1 both transposed (for
+ * the decode low-rank kernel) and as stored (for the prefill GEMMs), small
+ * vectors as fp32. Conversion goes through a small host
  * staging buffer, a slice at a time.
  */
 #include "cuda_internal.h"
@@ -145,6 +146,8 @@ static int upload_all(cuda_backend *b, const model_weights *W, stager *sg, char 
                           errlen));
             UP(upload_transposed(w->f1t, &k->f1, sg, err, errlen));
             UP(upload_transposed(w->g1t, &k->g1, sg, err, errlen));
+            UP(upload_matrix(w->f1, &k->f1, sg, err, errlen));
+            UP(upload_matrix(w->g1, &k->g1, sg, err, errlen));
             UP(upload_f32(w->g_bias, &k->g1_bias, d->HV, 0.0f, sg, err, errlen));
             UP(upload_f32(w->A_log, &k->A_log, d->H, 0.0f, sg, err, errlen));
             UP(upload_f32(w->dt_bias, &k->dt_bias, d->HK, 0.0f, sg, err, errlen));

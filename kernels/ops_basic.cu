@@ -48,6 +48,21 @@ int kc_hist_append(int32_t *hist, int cap, const int32_t *ids, const int32_t *po
     return 0;
 }
 
+__global__ void cast_bf16_kernel(bf16 *out, int ldo, const float *in, int ldi, int ncols)
+{
+    KC_PDL_WAIT();
+    KC_PDL_TRIGGER();
+    const int t = blockIdx.x;
+    for (int c = threadIdx.x; c < ncols; c += blockDim.x) out[(size_t)t * ldo + c] = f2bf(in[(size_t)t * ldi + c]);
+}
+
+int kc_cast_bf16(uint16_t *out, int ldo, const float *in, int ldi, int T, int ncols, cudaStream_t s)
+{
+    if (T <= 0 || ncols <= 0) return 0;
+    KC_LAUNCH(cast_bf16_kernel, dim3(T), dim3(256), 0, s, (bf16 *)out, ldo, in, ldi, ncols);
+    return 0;
+}
+
 __global__ void rmsnorm_kernel(bf16 *out, const float *x, const int32_t *rows, const float *w, int D, float eps)
 {
     __shared__ float red[32];

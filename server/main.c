@@ -63,7 +63,8 @@ static void usage(FILE *f)
         "  --tuning k=v,...       kernel variants and switches, also from $KDA_TUNING (--tuning wins):\n"
         "                         gemv_max_t graphs pdl gemm_lt gemm_verbose gemm_tune_flush gemm_splitk\n"
         "                         gemv_persist kda_tiled kda_tile_occ kda_tile_clusters attn_split\n"
-        "                         cpu_bf16_act (defaults are the measured best; bench/NOTES.md)\n"
+        "                         fast_prefill prefill_rows prof cpu_bf16_act (defaults: the measured best;\n"
+        "                         bench/NOTES.md)\n"
         "  --log-level L          error|warn|info|debug (default info)\n"
         "  --help                 this text\n", KDA_DEFAULT_MODEL);
 }
