@@ -214,6 +214,7 @@ int kda_engine_open(kda_engine **out, const kda_engine_opts *o, char *err, size_
     e->info.kv_pool_bytes = e->be->kv_pool_bytes;
     e->info.state_pool_bytes = e->be->state_pool_bytes;
     e->info.max_full_context_seqs = e->be->max_full_context_seqs;
+    e->info.pass_rows = e->be->pass_rows;
     if (e->be->kv_bytes_per_token) e->info.kv_bytes_per_token = e->be->kv_bytes_per_token;
     *out = e;
     return 0;

@@ -116,6 +116,7 @@ typedef struct {
      * sequences can each hold max_seq_len tokens at once */
     size_t kv_pool_bytes, state_pool_bytes;
     int max_full_context_seqs;
+    int pass_rows;             /* rows one forward pass takes at once (CUDA: the prefill pass); 0 = any */
 } kda_model_info;
 
 int kda_engine_open(kda_engine **out, const kda_engine_opts *opts, char *err, size_t errlen);

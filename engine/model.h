@@ -182,6 +182,7 @@ struct backend {
      * as stored (bf16 on CUDA), sequences that fit at full context */
     size_t kv_pool_bytes, state_pool_bytes, kv_bytes_per_token;
     int max_full_context_seqs;
+    int pass_rows;            /* rows of one forward pass (engine.h kda_model_info); 0 = any */
     const char *device_name;
 };
 

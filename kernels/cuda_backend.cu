@@ -421,6 +421,7 @@ int cuda_backend_create(backend **out, const backend_params *p, char *err, size_
         b->base.max_full_context_seqs = full < b->d.max_seqs ? full : b->d.max_seqs;
     }
     b->base.device_name = b->devname;
+    b->base.pass_rows = b->fast_prefill ? b->d.PM : b->d.TM;
     if (p->verbose) report(b);
     b->prof_on = b->tn.prof; /* after the warm-up: only steps are profiled */
     *out = &b->base;

@@ -30,7 +30,7 @@
 
 typedef struct {
     const char *model, *model_name, *host, *device, *api_key, *api_key_file;
-    int port, max_batch, max_queue, max_seq_len, threads, http_threads, step_tokens, prefill_chunk;
+    int port, max_batch, max_queue, max_seq_len, threads, http_threads, step_tokens, step_tokens_idle, prefill_chunk;
     double grace_s, heartbeat_s, gpu_mem_fraction;
     long max_body;
     kda_tuning tuning;   /* $KDA_TUNING, then --tuning on top */
@@ -53,8 +53,11 @@ static void usage(FILE *f)
         "  --gpu-memory-fraction F  CUDA: share of the free device memory the pool takes at\n"
         "                         startup (weights, KV cache, state, activations; default 0.9)\n"
         "  --http-threads N       HTTP polling threads (default 4)\n"
-        "  --step-tokens N        token budget of one engine step (default 512)\n"
-        "  --prefill-chunk N      prompt tokens per sequence per step (default 128)\n"
+        "  --step-tokens N        token budget of a step while sequences decode (default: cpu 512,\n"
+        "                         cuda 1024)\n"
+        "  --step-tokens-idle N   ... and when none decodes (default: cpu 512, cuda the engine's\n"
+        "                         prefill pass, 8192)\n"
+        "  --prefill-chunk N      prompts are cut at multiples of N tokens (default: cpu 128, cuda 256)\n"
         "  --max-body-bytes N     request bodies above this get 413 (default 8388608)\n"
         "  --heartbeat-seconds S  keep-alive comment on idle streams (default 15, 0 = off)\n"
         "  --grace-seconds S      on SIGTERM/SIGINT, time given to running requests (default 30)\n"
@@ -98,7 +101,7 @@ static int parse_double(const char *flag, const char *s, double lo, double hi, d
 static int parse_flags(int argc, char **argv, flags *f)
 {
     *f = (flags){.host = "127.0.0.1", .device = "cpu", .port = 8080, .max_batch = 32, .max_queue = 256,
-                 .http_threads = 4, .step_tokens = 512, .prefill_chunk = 128, .grace_s = 30,
+                 .http_threads = 4, .grace_s = 30,
                  .heartbeat_s = 15, .max_body = 8 << 20};
     kda_tuning_defaults(&f->tuning);
     {
@@ -149,6 +152,7 @@ static int parse_flags(int argc, char **argv, flags *f)
         else if (!strcmp(a, "--threads")) { rc = parse_long(a, v, 0, 1024, &x); f->threads = (int)x; }
         else if (!strcmp(a, "--http-threads")) { rc = parse_long(a, v, 1, 256, &x); f->http_threads = (int)x; }
         else if (!strcmp(a, "--step-tokens")) { rc = parse_long(a, v, 1, 1 << 20, &x); f->step_tokens = (int)x; }
+        else if (!strcmp(a, "--step-tokens-idle")) { rc = parse_long(a, v, 1, 1 << 20, &x); f->step_tokens_idle = (int)x; }
         else if (!strcmp(a, "--prefill-chunk")) { rc = parse_long(a, v, 1, 1 << 16, &x); f->prefill_chunk = (int)x; }
         else if (!strcmp(a, "--max-body-bytes")) { rc = parse_long(a, v, 1024, 1L << 32, &x); f->max_body = x; }
         else if (!strcmp(a, "--grace-seconds")) rc = parse_double(a, v, 0, 86400, &f->grace_s);
@@ -305,15 +309,26 @@ int main(int argc, char **argv)
     api_ctx ctx = {.tok = tok, .vocab_size = info->vocab_size, .bos_id = bos, .eos_id = eos,
                    .max_seq_len = info->max_seq_len, .model_name = name, .max_tasks = f.max_queue};
     int max_batch = f.max_batch < info->max_seqs ? f.max_batch : info->max_seqs;
+    /* step budgets by device (0 = not given): the CPU keeps its small steps;
+     * on the GPU prompts go in large passes when nothing decodes, and in
+     * bounded pieces while something does */
+    const int on_gpu = strcmp(info->device_name, "cpu") != 0;
+    if (!f.step_tokens) f.step_tokens = on_gpu ? 1024 : 512;
+    if (!f.step_tokens_idle) f.step_tokens_idle = on_gpu && info->pass_rows > f.step_tokens ? info->pass_rows : f.step_tokens;
+    if (!f.prefill_chunk) f.prefill_chunk = on_gpu ? 256 : 128;
     sched_opts so = {.max_batch = max_batch, .max_queue = f.max_queue, .step_tokens = f.step_tokens,
-                     .prefill_chunk = f.prefill_chunk, .heartbeat_s = f.heartbeat_s, .max_pending = 4u << 20};
+                     .step_tokens_idle = f.step_tokens_idle, .prefill_chunk = f.prefill_chunk,
+                     .chunks_per_step = on_gpu ? 0 : 1,
+                     .heartbeat_s = f.heartbeat_s, .max_pending = 4u << 20};
     if (sched_start(&s, e, tok, &so, err, sizeof err)) {
         srv_log(SRV_LOG_ERROR, "scheduler: %s", err);
         goto out;
     }
     http_set_ready(h, &ctx, s);
-    srv_log(SRV_LOG_INFO, "ready: model \"%s\", max batch %d, queue %d, step budget %d tokens, API key %s",
-            name, max_batch, f.max_queue, f.step_tokens, key ? "required" : "off");
+    srv_log(SRV_LOG_INFO,
+            "ready: model \"%s\", max batch %d, queue %d, step budget %d tokens (%d with nothing decoding, "
+            "chunks of %d), API key %s",
+            name, max_batch, f.max_queue, f.step_tokens, f.step_tokens_idle, f.prefill_chunk, key ? "required" : "off");
 
     int sig;
     while (!(sig = wait_signal(&sigs, 3600))) {}

@@ -10,8 +10,12 @@
  *   5. turn sampled ids into text, apply stop strings, append the output to
  *      each task and wake its HTTP connection.
  * Prompt chunks are cut at fixed offsets (multiples of prefill_chunk) no
- * matter what else runs, so a request's arithmetic, and therefore its
- * sampled output for a given seed, does not depend on its neighbours.
+ * matter what else runs, so a request's arithmetic on the CPU (one chunk per
+ * prompt per step there), and therefore its sampled output for a given seed,
+ * does not depend on its neighbours. On the GPU a step takes as many whole
+ * chunks of a prompt as its budget allows. The budget of a step is
+ * step_tokens while sequences decode, so a long prompt never holds their next
+ * token up for long, and step_tokens_idle otherwise.
  */
 #include "scheduler.h"
 
@@ -62,7 +66,8 @@ struct sched {
     int n_run;
     kda_batch_item *items;      /* [max_batch] */
     run_seq **item_seq;         /* [max_batch] */
-    int32_t *targets;           /* [max_batch * prefill_chunk] */
+    int32_t *targets;           /* [n_targets] prompt targets of one step, handed out in item order */
+    int n_targets;
     sched_client **wake;        /* clients to wake after this iteration, one ref each */
     int n_wake, wake_cap;
     char *emit; size_t emit_len, emit_cap;  /* text of one token, stop strings applied */
@@ -348,8 +353,10 @@ static void on_token(sched *s, run_seq *r, int32_t id, float lp)
 
 static void step(sched *s)
 {
-    int n = 0, budget = s->o.step_tokens, n_tok = 0;
-    int C = s->o.prefill_chunk;
+    int n = 0, n_tok = 0, n_decode = 0, tg_used = 0;
+    const int C = s->o.prefill_chunk;
+    for (int i = 0; i < s->n_run; i++) n_decode += s->running[i]->n_done >= s->running[i]->t->n_prompt;
+    int budget = n_decode ? s->o.step_tokens : s->o.step_tokens_idle;
 
     for (int i = 0; i < s->n_run; i++) {
         run_seq *r = s->running[i];
@@ -367,13 +374,19 @@ static void step(sched *s)
         run_seq *r = s->running[i];
         sched_task *t = r->t;
         if (r->n_done >= t->n_prompt) continue;
-        int chunk = t->n_prompt - r->n_done < C ? t->n_prompt - r->n_done : C;
+        const int rem = t->n_prompt - r->n_done;
+        int chunk = rem < C ? rem : C;
         /* Oldest first; a step always makes progress on at least one prompt. */
         if (chunk > budget && n > 0) break;
+        for (int k = 1; chunk < rem && chunk + (rem - chunk < C ? rem - chunk : C) <= budget &&
+                        (!s->o.chunks_per_step || k < s->o.chunks_per_step); k++) /* more whole chunks */
+            chunk += rem - chunk < C ? rem - chunk : C;
         kda_batch_item *it = &s->items[n];
         *it = (kda_batch_item){.seq = r->seq, .tokens = t->prompt + r->n_done, .n_tokens = chunk};
         if (t->prompt_logprobs) {
-            int32_t *tg = s->targets + (size_t)n * (size_t)C;
+            if (tg_used + chunk > s->n_targets) break; /* cannot happen: n_targets covers the largest budget */
+            int32_t *tg = s->targets + tg_used;
+            tg_used += chunk;
             for (int j = 0; j < chunk; j++) {
                 int k = r->n_done + j + 1;
                 tg[j] = k < t->n_prompt ? t->prompt[k] : -1;
@@ -603,7 +616,9 @@ int sched_start(sched **out, kda_engine *e, const tok_tokenizer *tok, const sche
     s->running = calloc((size_t)o->max_batch, sizeof *s->running);
     s->items = calloc((size_t)o->max_batch, sizeof *s->items);
     s->item_seq = calloc((size_t)o->max_batch, sizeof *s->item_seq);
-    s->targets = calloc((size_t)o->max_batch * (size_t)o->prefill_chunk, sizeof *s->targets);
+    /* a step's prompt tokens: at most the larger budget, or one chunk beyond it */
+    s->n_targets = (o->step_tokens > o->step_tokens_idle ? o->step_tokens : o->step_tokens_idle) + o->prefill_chunk;
+    s->targets = calloc((size_t)s->n_targets, sizeof *s->targets);
     if (!s->running || !s->items || !s->item_seq || !s->targets) {
         snprintf(err, errlen, "out of memory for a batch of %d", o->max_batch);
         free(s->running); free(s->items); free(s->item_seq); free(s->targets); free(s);

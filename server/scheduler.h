@@ -105,8 +105,10 @@ void sched_out_free(sched_out *o);
 typedef struct {
     int max_batch;        /* running sequences at once */
     int max_queue;        /* tasks waiting for a batch slot; more is 503 */
-    int step_tokens;      /* token budget of one engine step */
-    int prefill_chunk;    /* prompt tokens per sequence per step */
+    int step_tokens;      /* token budget of a step while sequences decode (bounds their inter-token latency) */
+    int step_tokens_idle; /* ... and of a step when none decodes (prompts only: as much as the engine takes) */
+    int prefill_chunk;    /* prompts are cut at multiples of this; a step takes whole chunks */
+    int chunks_per_step;  /* at most this many chunks of one prompt per step (0 = as the budget allows) */
     double heartbeat_s;   /* idle streams get a comment this often */
     size_t max_pending;   /* unread bytes per task before a slow reader is cut off */
 } sched_opts;
