@@ -61,7 +61,10 @@ with Server(model) as srv:
     check(r.headers.get("X-Content-Type-Options") == "nosniff", "nosniff is set")
     check("Access-Control-Allow-Origin" not in r.headers, "no CORS header: the page is same-origin")
     check(requests.get(srv.url + "/?tab=score", timeout=10).content == page_src, "a query string does not change the page")
-    check(requests.get(srv.url + "/index.html", timeout=10).status_code == 404, "only / serves the page")
+    # "/" is an exact path, not a prefix of every other one
+    check(all(requests.get(srv.url + u, timeout=10).status_code == 404 for u in ("/index.html", "/no/such/path", "//")),
+          "only / serves the page: other paths are 404")
+    check(requests.get(srv.url + "/generate", timeout=10).status_code == 405, "GET on an API route is still 405")
     p = requests.post(srv.url + "/", data="x", timeout=10)
     check(p.status_code == 405 and p.headers.get("Allow") == "GET", "POST / is 405 with Allow: GET", str(p.status_code))
 

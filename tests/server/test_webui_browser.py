@@ -16,13 +16,14 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 sys.path.insert(0, os.path.dirname(__file__))
-from fixture import BUILD, SKIP, SRC, Server, check, cli_generate, finish, metric  # noqa: E402
+from fixture import BUILD, SERVER, SKIP, SRC, Server, check, cli_generate, finish, metric  # noqa: E402
 
 CHROMIUM = os.environ.get("KDA_CHROMIUM") or shutil.which("chromium")
 CHROMEDRIVER = os.environ.get("KDA_CHROMEDRIVER") or shutil.which("chromedriver")
@@ -181,9 +182,15 @@ page = Page(d)
 demo_cfg = json.load(open(os.path.join(DEMO, "config.json")))
 
 
+def chat_flags():
+    """A chat template for the demo model (it has none of its own), where the server has chat."""
+    r = subprocess.run([SERVER, "--help"], capture_output=True, text=True)
+    return ["--chat-template", "plain"] if "--chat-template" in r.stdout else []
+
+
 def playground():
     """Complete, score, stop, chat against a server without a key."""
-    with Server(DEMO) as srv:
+    with Server(DEMO, *chat_flags()) as srv:
         U = srv.url
         d.get(U + "/")
         info = wait_for(lambda: "context" in page.el("model-info").text and page.el("model-info").text, 20,
