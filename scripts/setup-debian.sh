@@ -14,6 +14,10 @@ pkgs=(
 )
 if [ $run_only = 0 ]; then
   pkgs+=(sentencepiece python3 python3-numpy python3-torch python3-sentencepiece python3-requests python3-yaml)
+  # The playground's browser test (tests/server/test_webui_browser.py): headless
+  # Chromium driven by Selenium. On a fresh Debian 12 minbase these take about
+  # 2 minutes and 205 packages (most of that download); far fewer next to the rest.
+  pkgs+=(chromium chromium-driver python3-selenium)
 fi
 if [ $run_only = 0 ] && [ "${KDA_CONTAINER_TEST:-1}" = 1 ]; then
   pkgs+=(podman buildah debootstrap runc uidmap slirp4netns fuse-overlayfs)

@@ -21,6 +21,7 @@ typedef struct {
     int max_seq_len;
     const char *model_name; /* served in /v1/models and responses */
     int max_tasks;          /* sequences one request may create (prompts x n) */
+    const kda_model_info *info;   /* family, device, sizes: for /props */
 } api_ctx;
 
 typedef struct {

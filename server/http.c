@@ -31,9 +31,10 @@
 
 #include "log.h"
 #include "metrics.h"
+#include "webui.h"
 
 enum { ROUTE_GENERATE, ROUTE_SCORE, ROUTE_COMPLETIONS, ROUTE_MODELS, ROUTE_TOKENIZE, ROUTE_DETOKENIZE,
-       ROUTE_HEALTH, ROUTE_METRICS, ROUTE_OTHER, N_ROUTES };
+       ROUTE_HEALTH, ROUTE_METRICS, ROUTE_WEBUI, ROUTE_PROPS, ROUTE_OTHER, N_ROUTES };
 
 static const struct { const char *path, *method; int public; } routes[N_ROUTES] = {
     [ROUTE_GENERATE] = {"/generate", "POST", 0},
@@ -44,6 +45,8 @@ static const struct { const char *path, *method; int public; } routes[N_ROUTES] 
     [ROUTE_DETOKENIZE] = {"/detokenize", "POST", 0},
     [ROUTE_HEALTH] = {"/health", "GET", 1},
     [ROUTE_METRICS] = {"/metrics", "GET", 1},
+    [ROUTE_WEBUI] = {"/", "GET", 1},          /* the page asks for the key itself */
+    [ROUTE_PROPS] = {"/props", "GET", 0},
     [ROUTE_OTHER] = {"other", "", 1},
 };
 static const char *route_names[N_ROUTES];
@@ -118,6 +121,17 @@ static enum MHD_Result reply_error(http_conn *hc, int status, const char *fmt, .
     size_t len = 0;
     char *body = api_error_json(status, msg, &len);
     return reply_json(hc, status, body, len);
+}
+
+static enum MHD_Result reply_page(http_conn *hc)
+{
+    struct MHD_Response *r = webui_page_response();
+    if (!r) return MHD_NO;
+    enum MHD_Result ok = MHD_queue_response(hc->conn, MHD_HTTP_OK, r);
+    MHD_destroy_response(r);
+    hc->status = 200;
+    hc->responded = 1;
+    return ok;
 }
 
 /* ---- scheduler wake-ups ---- */
@@ -249,6 +263,7 @@ static enum MHD_Result dispatch(http_conn *hc)
         char *body = metrics_render(&len);
         return reply(hc, 200, "text/plain; version=0.0.4", body, len, 0);
     }
+    if (hc->route == ROUTE_WEBUI) return reply_page(hc);   /* static: served while loading too */
     if (state == STATE_LOADING) return reply_error(hc, 503, "the model is loading");
     if (state == STATE_DRAINING && hc->route != ROUTE_MODELS)
         return reply_error(hc, 503, "the server is shutting down");
@@ -259,6 +274,7 @@ static enum MHD_Result dispatch(http_conn *hc)
     case ROUTE_SCORE: return submit(hc, API_SCORE);
     case ROUTE_COMPLETIONS: return submit(hc, API_COMPLETIONS);
     case ROUTE_MODELS: body = api_models(h->ctx, &len); break;
+    case ROUTE_PROPS: body = webui_props(h->ctx, &len); break;
     case ROUTE_TOKENIZE: body = api_tokenize(h->ctx, hc->body ? hc->body : "", hc->len, &e, &len); break;
     case ROUTE_DETOKENIZE: body = api_detokenize(h->ctx, hc->body ? hc->body : "", hc->len, &e, &len); break;
     default: return reply_error(hc, 404, "no route for %s %s", hc->method, hc->url);
@@ -294,7 +310,7 @@ static enum MHD_Result on_headers(http_conn *hc, const char *url, const char *me
     hc->route = ROUTE_OTHER;
     int path_known = 0;
     for (int r = 0; r < ROUTE_OTHER; r++) {
-        if (strcmp(url, routes[r].path) != 0) continue;
+        if (strcmp(url, routes[r].path) != 0 || (r == ROUTE_WEBUI && !h->o.webui)) continue;
         path_known = 1;
         hc->route = r;
         if (strcmp(method, routes[r].method) == 0) break;

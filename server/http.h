@@ -17,6 +17,7 @@ typedef struct {
     int threads;            /* polling threads */
     const char *api_key;    /* NULL: no auth */
     size_t max_body;        /* bytes; larger bodies get 413 */
+    int webui;              /* serve the playground page at GET / */
 } http_opts;
 
 typedef struct http_server http_server;

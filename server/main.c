@@ -30,6 +30,7 @@
 
 typedef struct {
     const char *model, *model_name, *host, *device, *api_key, *api_key_file;
+    int no_webui;
     int port, max_batch, max_queue, max_seq_len, threads, http_threads, step_tokens, step_tokens_idle, prefill_chunk;
     double grace_s, heartbeat_s, gpu_mem_fraction;
     long max_body;
@@ -61,13 +62,14 @@ static void usage(FILE *f)
         "  --max-body-bytes N     request bodies above this get 413 (default 8388608)\n"
         "  --heartbeat-seconds S  keep-alive comment on idle streams (default 15, 0 = off)\n"
         "  --grace-seconds S      on SIGTERM/SIGINT, time given to running requests (default 30)\n"
-        "  --api-key KEY          require \"Authorization: Bearer KEY\" (not on /health, /metrics)\n"
+        "  --api-key KEY          require \"Authorization: Bearer KEY\" (not on /, /health, /metrics)\n"
         "  --api-key-file PATH    same, key read from the file's first line\n"
         "  --tuning k=v,...       kernel variants and switches, also from $KDA_TUNING (--tuning wins):\n"
         "                         gemv_max_t graphs pdl gemm_lt gemm_verbose gemm_tune_flush gemm_splitk\n"
         "                         gemv_persist kda_tiled kda_tile_occ kda_tile_clusters attn_split\n"
         "                         fast_prefill prefill_rows prof cpu_bf16_act (defaults: the measured best;\n"
         "                         bench/NOTES.md)\n"
+        "  --no-webui             do not serve the playground page at GET /\n"
         "  --log-level L          error|warn|info|debug (default info)\n"
         "  --help                 this text\n", KDA_DEFAULT_MODEL);
 }
@@ -114,6 +116,7 @@ static int parse_flags(int argc, char **argv, flags *f)
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); return 1; }
+        if (!strcmp(a, "--no-webui")) { f->no_webui = 1; continue; }
         if (i + 1 >= argc) {
             fprintf(stderr, "kda-server: unknown flag or missing value: %s (see --help)\n", a);
             return -1;
@@ -271,7 +274,7 @@ int main(int argc, char **argv)
     kda_engine *e = NULL;
     sched *s = NULL;
     http_opts ho = {.host = f.host, .port = f.port, .threads = f.http_threads, .api_key = key,
-                    .max_body = (size_t)f.max_body};
+                    .max_body = (size_t)f.max_body, .webui = !f.no_webui};
     if (http_start(&h, &ho, &port, err, sizeof err)) {
         srv_log(SRV_LOG_ERROR, "%s", err);
         goto out;
@@ -307,7 +310,8 @@ int main(int argc, char **argv)
     int bos = tok_bos_id(tok);
     int eos = info->eos_id >= 0 && info->eos_id < info->vocab_size ? info->eos_id : tok_eos_id(tok);
     api_ctx ctx = {.tok = tok, .vocab_size = info->vocab_size, .bos_id = bos, .eos_id = eos,
-                   .max_seq_len = info->max_seq_len, .model_name = name, .max_tasks = f.max_queue};
+                   .max_seq_len = info->max_seq_len, .model_name = name, .max_tasks = f.max_queue,
+                   .info = info};
     int max_batch = f.max_batch < info->max_seqs ? f.max_batch : info->max_seqs;
     /* step budgets by device (0 = not given): the CPU keeps its small steps;
      * on the GPU prompts go in large passes when nothing decodes, and in
