@@ -135,6 +135,80 @@ static constexpr size_t pf_smem_bytes(int hd)
     return (size_t)2 * 2 * PF_BN * (hd + 8) * 2 + (size_t)2 * PF_BN * 8;
 }
 
+/* One K/V tile (keys k0 .. k0 + PF_BN - 1 in shared memory, rows LDS apart)
+ * for this warp's 16 rows: S = q K^T, causal mask where the tile crosses a
+ * row's position, online softmax update of (m, l, o), o += P V. */
+template <int HD>
+static __device__ __forceinline__ void attn_tile(const bf16 *Kt, const bf16 *Vt, const uint32_t (&qf)[HD / 16][4],
+                                                 float (&o)[HD / 8][4], float (&m)[2], float (&l)[2],
+                                                 const int (&qpos)[2], int k0, int wq_min, float sl, int lane, int tig)
+{
+    constexpr int LDS = HD + 8, KCH = HD / 16, NT = PF_BN / 8, DT = HD / 8;
+    float s[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < KCH; kk++)
+#pragma unroll
+        for (int np = 0; np < NT / 2; np++) {
+            /* matrices: keys +0..7 | +0..7 | +8..15 | +8..15 of the pair, dims +0 | +8 | +0 | +8 */
+            uint32_t b[4];
+            ldsm_x4(b, Kt + (np * 16 + (lane >> 4) * 8 + (lane & 7)) * LDS + kk * 16 + ((lane >> 3) & 1) * 8);
+            mma_16816(s[2 * np], qf[kk], b[0], b[1]);
+            mma_16816(s[2 * np + 1], qf[kk], b[2], b[3]);
+        }
+    if (k0 + PF_BN - 1 > wq_min) { /* the tile crosses some row's position */
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                if (k0 + nt * 8 + 2 * tig + (e & 1) > qpos[e >> 1]) s[nt][e] = -INFINITY;
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) mx = fmaxf(mx, fmaxf(s[nt][2 * i], s[nt][2 * i + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float mn = fmaxf(m[i], mx * sl);
+        /* mn == -inf only while the row has seen no key: corr and p are then 0, not NaN */
+        const float mref = mn == -INFINITY ? 0.0f : mn;
+        const float corr = exp2f(m[i] - mref);
+        m[i] = mn;
+        float rs = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const float p = exp2f(fmaf(s[nt][2 * i + e], sl, -mref));
+                s[nt][2 * i + e] = p;
+                rs += p;
+            }
+        l[i] = fmaf(l[i], corr, rs); /* this thread's columns; the quad is summed at the end */
+#pragma unroll
+        for (int dt = 0; dt < DT; dt++) {
+            o[dt][2 * i] *= corr;
+            o[dt][2 * i + 1] *= corr;
+        }
+    }
+#pragma unroll
+    for (int kc = 0; kc < PF_BN / 16; kc++) {
+        /* the S accumulators of key tiles 2kc, 2kc+1 are the A fragment of P */
+        const uint32_t pa[4] = {pack_bf16x2(s[2 * kc][0], s[2 * kc][1]), pack_bf16x2(s[2 * kc][2], s[2 * kc][3]),
+                                pack_bf16x2(s[2 * kc + 1][0], s[2 * kc + 1][1]),
+                                pack_bf16x2(s[2 * kc + 1][2], s[2 * kc + 1][3])};
+#pragma unroll
+        for (int dp = 0; dp < HD / 16; dp++) {
+            /* transposed: keys +0..7 | +8..15 | +0..7 | +8..15, dims +0 | +0 | +8 | +8 */
+            uint32_t b[4];
+            ldsm_x4_trans(b, Vt + (kc * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * LDS + dp * 16 + (lane >> 4) * 8);
+            mma_16816(o[2 * dp], pa, b[0], b[1]);
+            mma_16816(o[2 * dp + 1], pa, b[2], b[3]);
+        }
+    }
+}
+
 /* grid (Hkv, row-tile bound, nsplit), NW warps. nsplit == 1: normalised,
  * gated bf16 rows to out; else partials to opart [nsplit, T, Hq, hd] and
  * ml [nsplit, T, Hq, 2] = (max in log2 units, sum). */
@@ -144,10 +218,9 @@ __global__ void __launch_bounds__(NW * 32, MINB)
                         int split_keys)
 {
     constexpr int NTH = NW * 32, M = 16 * NW, TQ = M / G, LDS = HD + 8;
-    constexpr int KCH = HD / 16;  /* 16-dim chunks of q.k */
-    constexpr int NT = PF_BN / 8; /* 8-key column tiles of S */
-    constexpr int DT = HD / 8;    /* 8-dim column tiles of O */
-    constexpr int CPR = HD / 8;   /* 16-byte pieces per K/V row */
+    constexpr int KCH = HD / 16; /* 16-dim chunks of q.k */
+    constexpr int DT = HD / 8;   /* 8-dim column tiles of O */
+    constexpr int CPR = HD / 8;  /* 16-byte pieces per K/V row */
     static_assert(M % G == 0 && 16 % G == 0, "a warp's 16 rows hold whole tokens");
     extern __shared__ __align__(16) unsigned char pf_smem[];
     bf16 *sK = (bf16 *)pf_smem; /* [2][PF_BN][LDS] */
@@ -200,15 +273,19 @@ __global__ void __launch_bounds__(NW * 32, MINB)
     const bf16 *kvb = (const bf16 *)a.kv;
     const size_t voff = (size_t)a.Hkv * a.blk * HD; /* V rows follow the K rows of the layer's block */
     const int32_t *btab = a.block_table + (size_t)it.slot * a.max_blocks;
-    auto fill_offsets = [&](int k0, int buf) {
-        for (int k = threadIdx.x; k < PF_BN; k += NTH) {
-            const int p = k0 + k;
-            long long off = -1;
-            if (p < ke)
-                off = (long long)btab[p / a.blk] * (long long)a.block_stride + (long long)a.layer_off +
-                      ((long long)kvh * a.blk + p % a.blk) * HD;
-            soff[buf * PF_BN + k] = off;
-        }
+    static_assert(PF_BN <= NTH, "one key offset per thread");
+    /* cache block of key k0 + threadIdx.x (-1: none); read a tile ahead, its
+     * row offset stored after the compute */
+    auto key_block = [&](int k0) -> int {
+        const int p = k0 + (int)threadIdx.x;
+        return threadIdx.x < PF_BN && p < ke ? btab[p / a.blk] : -1;
+    };
+    auto set_offset = [&](int k0, int b, int buf) { /* element offset of the key's K row, -1: none */
+        const int p = k0 + (int)threadIdx.x;
+        if (threadIdx.x < PF_BN)
+            soff[buf * PF_BN + threadIdx.x] = b < 0 ? -1
+                                                    : (long long)b * (long long)a.block_stride + (long long)a.layer_off +
+                                                          ((long long)kvh * a.blk + p % a.blk) * HD;
     };
     auto issue_tile = [&](int buf) {
         for (int c = threadIdx.x; c < PF_BN * CPR; c += NTH) {
@@ -232,84 +309,21 @@ __global__ void __launch_bounds__(NW * 32, MINB)
     for (int dt = 0; dt < DT; dt++) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
 
     const int ntiles = (ke - ks + PF_BN - 1) / PF_BN;
-    fill_offsets(ks, 0);
+    set_offset(ks, key_block(ks), 0);
     __syncthreads();
     issue_tile(0);
-    if (ntiles > 1) fill_offsets(ks + PF_BN, 1);
+    set_offset(ks + PF_BN, key_block(ks + PF_BN), 1);
     for (int j = 0; j < ntiles; j++) {
         const int st = j & 1, k0 = ks + j * PF_BN;
         __syncthreads(); /* offsets of tile j+1 written; stage st^1 no longer read (tile j-1 done) */
         if (j + 1 < ntiles) issue_tile(st ^ 1);
         else cp_async_commit(); /* empty group: the wait below always leaves exactly one */
+        const int b2 = key_block(ks + (j + 2) * PF_BN); /* tile j+2, into soff[st] below */
         cp_async_wait1();
-        __syncthreads(); /* tile j visible to all; soff[st] consumed */
-        if (j + 2 < ntiles) fill_offsets(ks + (j + 2) * PF_BN, st);
-        if (!warp_live || k0 > wq_max) continue; /* every row of this warp ends before the tile */
-
-        const bf16 *Kt = sK + st * PF_BN * LDS, *Vt = sV + st * PF_BN * LDS;
-        float s[NT][4];
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-#pragma unroll
-        for (int kk = 0; kk < KCH; kk++)
-#pragma unroll
-            for (int np = 0; np < NT / 2; np++) {
-                /* matrices: keys +0..7 | +0..7 | +8..15 | +8..15 of the pair, dims +0 | +8 | +0 | +8 */
-                uint32_t b[4];
-                ldsm_x4(b, Kt + (np * 16 + (lane >> 4) * 8 + (lane & 7)) * LDS + kk * 16 + ((lane >> 3) & 1) * 8);
-                mma_16816(s[2 * np], qf[kk], b[0], b[1]);
-                mma_16816(s[2 * np + 1], qf[kk], b[2], b[3]);
-            }
-        if (k0 + PF_BN - 1 > wq_min) { /* the tile crosses some row's position */
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    if (k0 + nt * 8 + 2 * tig + (e & 1) > qpos[e >> 1]) s[nt][e] = -INFINITY;
-        }
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-            float mx = -INFINITY;
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) mx = fmaxf(mx, fmaxf(s[nt][2 * i], s[nt][2 * i + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float mn = fmaxf(m[i], mx * sl);
-            /* mn == -inf only while the row has seen no key: corr and p are then 0, not NaN */
-            const float mref = mn == -INFINITY ? 0.0f : mn;
-            const float corr = exp2f(m[i] - mref);
-            m[i] = mn;
-            float rs = 0.0f;
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    const float p = exp2f(fmaf(s[nt][2 * i + e], sl, -mref));
-                    s[nt][2 * i + e] = p;
-                    rs += p;
-                }
-            l[i] = fmaf(l[i], corr, rs); /* this thread's columns; the quad is summed at the end */
-#pragma unroll
-            for (int dt = 0; dt < DT; dt++) {
-                o[dt][2 * i] *= corr;
-                o[dt][2 * i + 1] *= corr;
-            }
-        }
-#pragma unroll
-        for (int kc = 0; kc < PF_BN / 16; kc++) {
-            /* the S accumulators of key tiles 2kc, 2kc+1 are the A fragment of P */
-            const uint32_t pa[4] = {pack_bf16x2(s[2 * kc][0], s[2 * kc][1]), pack_bf16x2(s[2 * kc][2], s[2 * kc][3]),
-                                    pack_bf16x2(s[2 * kc + 1][0], s[2 * kc + 1][1]),
-                                    pack_bf16x2(s[2 * kc + 1][2], s[2 * kc + 1][3])};
-#pragma unroll
-            for (int dp = 0; dp < HD / 16; dp++) {
-                /* transposed: keys +0..7 | +8..15 | +0..7 | +8..15, dims +0 | +0 | +8 | +8 */
-                uint32_t b[4];
-                ldsm_x4_trans(b, Vt + (kc * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * LDS + dp * 16 + (lane >> 4) * 8);
-                mma_16816(o[2 * dp], pa, b[0], b[1]);
-                mma_16816(o[2 * dp + 1], pa, b[2], b[3]);
-            }
-        }
+        __syncthreads(); /* tile j visible to all */
+        if (warp_live && k0 <= wq_max) /* else every row of this warp ends before the tile */
+            attn_tile<HD>(sK + st * PF_BN * LDS, sV + st * PF_BN * LDS, qf, o, m, l, qpos, k0, wq_min, sl, lane, tig);
+        set_offset(ks + (j + 2) * PF_BN, b2, st);
     }
 
 #pragma unroll
@@ -391,7 +405,9 @@ typedef void (*pf_kernel_fn)(kc_gqa_args, pf_items, bf16 *, int, float *, float 
 template <int HD> static pf_kernel_fn pf_pick_g(int G)
 {
     switch (G) {
-    case 1: return HD == 128 ? attn_prefill_kernel<HD, 1, 4, 2> : attn_prefill_kernel<HD, 1, 4, 3>;
+    case 1:
+        if constexpr (HD == 128) return attn_prefill_kernel<HD, 1, 4, 2>;
+        else return attn_prefill_kernel<HD, 1, 4, 3>;
     case 2: return attn_prefill_kernel<HD, 2, 4, 3>;
     case 4: return attn_prefill_kernel<HD, 4, 4, 3>;
     case 8: return attn_prefill_kernel<HD, 8, 4, 3>;
