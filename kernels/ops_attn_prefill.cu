@@ -396,7 +396,7 @@ __global__ void __launch_bounds__(128)
 /* ---- host side ---- */
 typedef void (*pf_kernel_fn)(kc_gqa_args, pf_items, bf16 *, int, float *, float *, int, int);
 
-/* Variants (KDA_PREFILL_VARIANT, benchmarks): 1 (default) 4 warps, 3 blocks
+/* Variants (kc_attn_prefill_tuning.variant, benchmarks): 1 (default) 4 warps, 3 blocks
  * per SM (168 registers; group 1 at hd 128 would spill there and gets 2
  * blocks, 200 registers); 2: 4 warps, 2 blocks per SM (200 registers);
  * 3: 8 warps (128-row tiles: half the K/V loads per row), 1 block per SM.
@@ -467,12 +467,6 @@ static int pf_sm_count(void)
     return sms;
 }
 
-static int env_int(const char *name, int dflt)
-{
-    const char *v = getenv(name);
-    return v && *v ? atoi(v) : dflt;
-}
-
 static int ceil_div(long a, long b) { return (int)((a + b - 1) / b); }
 
 static int pf_check(const kc_gqa_args *a, int ldo, const void *out)
@@ -492,12 +486,14 @@ static int pf_check(const kc_gqa_args *a, int ldo, const void *out)
 }
 
 int kc_attn_prefill_plan_for(const kc_gqa_args *a, int n_items, int max_ctx, size_t work_bytes,
-                             kc_attn_prefill_plan *p)
+                             const kc_attn_prefill_tuning *tune, kc_attn_prefill_plan *p)
 {
+    static const kc_attn_prefill_tuning defaults = {0, 0};
+    if (!tune) tune = &defaults;
     memset(p, 0, sizeof *p);
     if (pf_check(a, a->Hq * a->hd, (const void *)0)) return -5;
     const int G = a->Hq / a->Hkv, hd = a->hd;
-    p->variant = hd == 128 && G == 4 ? env_int("KDA_PREFILL_VARIANT", 1) : 1;
+    p->variant = hd == 128 && G == 4 ? tune->variant : 1;
     if (p->variant < 1 || p->variant > 3) p->variant = 1;
     p->warps = p->variant == 3 ? 8 : 4;
     p->tile_tokens = 16 * p->warps / G;
@@ -513,7 +509,7 @@ int kc_attn_prefill_plan_for(const kc_gqa_args *a, int n_items, int max_ctx, siz
     const size_t per_split = (size_t)a->T * a->Hq * (hd + 2) * 4; /* opart + ml of one split */
     const size_t fit = per_split ? work_bytes / per_split : 0; /* splits the workspace holds */
     const int ws_splits = fit < 1024 ? (int)fit : 1024;
-    const int forced = env_int("KDA_PREFILL_SPLIT_KEYS", 0); /* tests and benchmarks: force a split length */
+    const int forced = tune->split_keys;
     int ns;
     if (forced > 0) {
         ns = ceil_div(max_ctx, (forced + PF_BN - 1) / PF_BN * PF_BN);
@@ -557,13 +553,14 @@ size_t kc_attn_prefill_workspace(int T, int n_items, int Hq, int hd, int max_ctx
 
 int kc_attn_prefill(const kc_gqa_args *a, const int32_t *item_row0, const int32_t *item_ntok,
                     const int32_t *item_pos0, const int32_t *item_slot, int n_items, int max_ctx,
-                    uint16_t *out, int ldo, void *work, size_t work_bytes, cudaStream_t s)
+                    uint16_t *out, int ldo, void *work, size_t work_bytes, const kc_attn_prefill_tuning *tune,
+                    cudaStream_t s)
 {
     if (a->T <= 0 || n_items <= 0) return 0;
     if (pf_check(a, ldo, out)) return -5;
     if (!work || ((uintptr_t)work & 15)) work_bytes = 0;
     kc_attn_prefill_plan p;
-    const int rc = kc_attn_prefill_plan_for(a, n_items, max_ctx, work_bytes, &p);
+    const int rc = kc_attn_prefill_plan_for(a, n_items, max_ctx, work_bytes, tune, &p);
     if (rc) return rc;
     const int G = a->Hq / a->Hkv;
     pf_kernel_fn k = pf_pick(a->hd, G, p.variant);

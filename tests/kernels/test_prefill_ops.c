@@ -18,7 +18,7 @@
  * sides; what is left is fp32 exp and log rounding).
  *
  * `test_prefill_ops TEST_NAME` runs the tests matching the name (cmocka filter).
- * `test_prefill_ops --bench` (or KDA_PREFILL_BENCH=1): the benchmarks
+ * `test_prefill_ops --bench`: the benchmarks
  * instead, CUDA events, median of the repetitions, one "BENCH {json}" line
  * per point (scripts/gpu-prefill-ops.sh collects them).
  * Skips (77) without a GPU.
@@ -176,17 +176,6 @@ static void fix_gather(const attn_fix *f, int s, int n, float *kc, float *vc)
     }
 }
 
-static void set_env_int(const char *name, int v)
-{
-    if (v > 0) {
-        char b[32];
-        snprintf(b, sizeof b, "%d", v);
-        setenv(name, b, 1);
-    } else {
-        unsetenv(name);
-    }
-}
-
 /* Runs kc_attn_prefill on the fixture (out poisoned first) and compares
  * with the reference on every check_every-th row of each item (and its
  * last). split_keys > 0 forces that split length; variant > 0 picks the
@@ -197,19 +186,16 @@ static void attn_check(attn_fix *f, const char *name, int split_keys, int varian
     /* max_ctx < 0: pass 0 (the kernel then assumes the table's capacity) */
     const int mc = max_ctx < 0 ? 0 : max_ctx > 0 ? max_ctx : f->max_ctx;
     const int mc_ws = mc > 0 ? mc : f->max_blocks * f->blk;
-    set_env_int("KDA_PREFILL_SPLIT_KEYS", split_keys);
-    set_env_int("KDA_PREFILL_VARIANT", variant);
+    const kc_attn_prefill_tuning tune = {variant, split_keys};
     size_t wb = kc_attn_prefill_workspace(f->T, f->n_items, Hq, hd, mc_ws);
     if (split_keys > 0) wb = (size_t)((mc_ws + split_keys - 1) / split_keys) * f->T * Hq * (hd + 2) * 4;
     void *work = kt_dev_poison(wb ? wb : 16);
     kc_attn_prefill_plan plan;
-    const int prc = kc_attn_prefill_plan_for(&f->a, f->n_items, mc, wb, &plan);
+    const int prc = kc_attn_prefill_plan_for(&f->a, f->n_items, mc, wb, &tune, &plan);
     KT_CK(cudaMemset(f->d_out, 0xFF, (size_t)f->T * f->ldo * 2));
     const int rc = kc_attn_prefill(&f->a, f->d_row0, f->d_ntok, f->d_pos0, f->d_slot, f->n_items, mc, f->d_out, f->ldo,
-                                   work, wb, 0);
+                                   work, wb, &tune, 0);
     const cudaError_t ce = cudaDeviceSynchronize();
-    unsetenv("KDA_PREFILL_SPLIT_KEYS");
-    unsetenv("KDA_PREFILL_VARIANT");
     printf("attn %s: Hq=%d Hkv=%d hd=%d gate=%d T=%d items=%d | variant %d warps %d tile %d tokens, nsplit %d "
            "(split %d keys), grid %dx%dx%d\n",
            name, Hq, f->Hkv, hd, f->off_gate >= 0, f->T, f->n_items, plan.variant, plan.warps, plan.tile_tokens,
@@ -350,11 +336,10 @@ static void test_attn_prefill_split_bound_is_only_a_hint(void **st)
     fix_free(&f);
     /* split 64 over 340 keys wants 6 splits; a workspace for 2 */
     fix_init(&f, 8, 2, 64, 0, items, 4, 0, 1.0f, 1);
-    set_env_int("KDA_PREFILL_SPLIT_KEYS", 64);
+    const kc_attn_prefill_tuning split64 = {0, 64};
     const size_t wb = (size_t)2 * f.T * 8 * (64 + 2) * 4;
     kc_attn_prefill_plan plan;
-    assert_int_equal(kc_attn_prefill_plan_for(&f.a, f.n_items, f.max_ctx, wb, &plan), 0);
-    unsetenv("KDA_PREFILL_SPLIT_KEYS");
+    assert_int_equal(kc_attn_prefill_plan_for(&f.a, f.n_items, f.max_ctx, wb, &split64, &plan), 0);
     printf("workspace for 2 splits: nsplit %d, split %d keys, %zu bytes used of %zu\n", plan.nsplit, plan.split_keys,
            plan.work_needed, wb);
     if (plan.nsplit > 2 || plan.work_needed > wb) case_fail("plan uses %zu bytes of a %zu-byte workspace", plan.work_needed, wb);
@@ -372,7 +357,7 @@ static void test_attn_prefill_refuses_unsupported_shapes(void **st)
         const int Hq = shapes[s][0], Hkv = shapes[s][1], hd = shapes[s][2];
         fix_init(&f, Hq, Hkv, hd, 0, items, 1, 0, 1.0f, 1);
         const int rc = kc_attn_prefill(&f.a, f.d_row0, f.d_ntok, f.d_pos0, f.d_slot, 1, f.max_ctx, f.d_out, f.ldo,
-                                       NULL, 0, 0);
+                                       NULL, 0, NULL, 0);
         uint16_t *got = malloc((size_t)f.T * f.ldo * 2);
         kt_get(got, f.d_out, (size_t)f.T * f.ldo * 2);
         printf("refuse Hq=%d Hkv=%d hd=%d: rc %d\n", Hq, Hkv, hd, rc);
@@ -414,7 +399,7 @@ static void test_attn_prefill_after_gqa_qkv_matches_reference(void **st)
     const size_t wb = kc_attn_prefill_workspace(f.T, f.n_items, Hq, hd, f.max_ctx);
     void *work = kt_dev_poison(wb ? wb : 16);
     assert_int_equal(kc_attn_prefill(a, f.d_row0, f.d_ntok, f.d_pos0, f.d_slot, f.n_items, f.max_ctx, f.d_out, f.ldo,
-                                     work, wb, 0),
+                                     work, wb, NULL, 0),
                      0);
     uint16_t *got16 = malloc((size_t)f.T * f.ldo * 2);
     kt_get(got16, f.d_out, (size_t)f.T * f.ldo * 2);
@@ -641,6 +626,7 @@ typedef struct {
     attn_fix *f;
     void *work;
     size_t wb;
+    kc_attn_prefill_tuning tune;
     /* the decode path (kc_gqa_attn) */
     float *opart, *ml;
     int nsplit, split;
@@ -651,7 +637,7 @@ static int run_prefill(void *p)
     attn_bench_ctx *c = p;
     attn_fix *f = c->f;
     return kc_attn_prefill(&f->a, f->d_row0, f->d_ntok, f->d_pos0, f->d_slot, f->n_items, f->max_ctx, f->d_out, f->ldo,
-                           c->work, c->wb, 0);
+                           c->work, c->wb, &c->tune, 0);
 }
 static int run_decode_path(void *p)
 {
@@ -684,9 +670,9 @@ static void bench_attn(void)
         c.wb = kc_attn_prefill_workspace(f.T, f.n_items, Hq, hd, f.max_ctx);
         c.work = kt_dev(NULL, c.wb ? c.wb : 16);
         for (int v = 1; v <= 3; v++) {
-            set_env_int("KDA_PREFILL_VARIANT", v);
+            c.tune.variant = v;
             kc_attn_prefill_plan plan;
-            kc_attn_prefill_plan_for(&f.a, f.n_items, f.max_ctx, c.wb, &plan);
+            kc_attn_prefill_plan_for(&f.a, f.n_items, f.max_ctx, c.wb, &c.tune, &plan);
             const float ms = time_median(run_prefill, &c, 15);
             const double tf = flops / (ms * 1e-3) / 1e12;
             printf("BENCH {\"op\":\"attn_prefill\",\"shape\":\"%s\",\"Hq\":%d,\"Hkv\":%d,\"hd\":%d,\"variant\":%d,"
@@ -695,7 +681,6 @@ static void bench_attn(void)
                    shapes[si].name, Hq, Hkv, hd, v, plan.warps, plan.nsplit, plan.nsplit > 1 ? plan.split_keys : 0, ms,
                    flops / 1e9, tf, tf / H200_BF16_TFLOPS);
         }
-        unsetenv("KDA_PREFILL_VARIANT");
         if (si == 0 || si == 4) { /* today's path: per-row flash decoding */
             int32_t *tpos = malloc((size_t)f.T * 4), *tslot = malloc((size_t)f.T * 4);
             for (int i = 0; i < f.n_items; i++)
@@ -777,11 +762,16 @@ static void bench_logprob(void)
 int main(int argc, char **argv)
 {
     kt_skip_without_gpu();
-    /* programmatic dependent launch on, as in the backend (KDA_PDL=0: off) */
-    const char *pdl = getenv("KDA_PDL");
-    kc_set_pdl(!(pdl && !strcmp(pdl, "0")));
-    const char *be = getenv("KDA_PREFILL_BENCH");
-    if ((argc > 1 && !strcmp(argv[1], "--bench")) || (be && !strcmp(be, "1"))) {
+    /* the backend's launch policy (KDA_TUNING=pdl=0: PDL off) */
+    kda_tuning tn;
+    char err[256];
+    kda_tuning_defaults(&tn);
+    if (kda_tuning_from_env(&tn, err, sizeof err)) {
+        fprintf(stderr, "%s\n", err);
+        return 1;
+    }
+    kc_set_pdl(tn.pdl);
+    if (argc > 1 && !strcmp(argv[1], "--bench")) {
         struct cudaDeviceProp prop;
         KT_CK(cudaGetDeviceProperties(&prop, 0));
         printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
