@@ -103,7 +103,7 @@ template <typename E, bool VEC> static __device__ __forceinline__ void lp_load4(
 template <typename E, bool VEC>
 __global__ void __launch_bounds__(LP_THREADS)
     logprob_rows_kernel(const E *logits, int ldl, int vocab, const int32_t *targets, float *lse_out, float *tlp,
-                        int n_top, int32_t *top_ids, float *top_lps)
+                        int n_top, int32_t *top_ids, float *top_lps, int ldt)
 {
     __shared__ u64 cand[LP_NW][LP_CAP];
     __shared__ u64 merged[LP_NW * KC_LOGPROB_MAX_TOP];
@@ -197,7 +197,7 @@ __global__ void __launch_bounds__(LP_THREADS)
     __syncthreads();
     const float L = lse_sh;
     for (int k = tid; k < n_top; k += LP_THREADS) {
-        const size_t o = (size_t)row * n_top + k;
+        const size_t o = (size_t)row * ldt + k;
         if (k < ntop) {
             top_ids[o] = lp_key_id(merged[k]);
             top_lps[o] = lp_key_value(merged[k]) - L;
@@ -210,34 +210,34 @@ __global__ void __launch_bounds__(LP_THREADS)
 
 template <typename E>
 static int lp_launch(const char *name, const E *logits, int ldl, int n, int vocab, const int32_t *targets, float *lse,
-                     float *tlp, int n_top, int32_t *top_ids, float *top_lps, cudaStream_t s)
+                     float *tlp, int n_top, int32_t *top_ids, float *top_lps, int ldt, cudaStream_t s)
 {
     if (n <= 0) return 0;
     if (vocab <= 0 || vocab > (1 << 30) || ldl < vocab || n_top < 0 || n_top > KC_LOGPROB_MAX_TOP ||
-        (n_top > 0 && (!top_ids || !top_lps)) || (targets && !tlp)) {
-        fprintf(stderr, "%s: refused: vocab %d, ldl %d, n_top %d (0..%d), targets %s with tlp %s\n", name, vocab, ldl,
-                n_top, KC_LOGPROB_MAX_TOP, targets ? "set" : "NULL", tlp ? "set" : "NULL");
+        (n_top > 0 && (!top_ids || !top_lps || ldt < n_top)) || (targets && !tlp)) {
+        fprintf(stderr, "%s: refused: vocab %d, ldl %d, n_top %d (0..%d), ldt %d, targets %s with tlp %s\n", name,
+                vocab, ldl, n_top, KC_LOGPROB_MAX_TOP, ldt, targets ? "set" : "NULL", tlp ? "set" : "NULL");
         return -5;
     }
     const bool vec = ldl % 4 == 0 && ((uintptr_t)logits % (4 * sizeof(E))) == 0;
     if (vec)
         KC_LAUNCH(logprob_rows_kernel<E, true>, dim3(n), dim3(LP_THREADS), 0, s, logits, ldl, vocab, targets, lse, tlp,
-                  n_top, top_ids, top_lps);
+                  n_top, top_ids, top_lps, ldt);
     else
         KC_LAUNCH(logprob_rows_kernel<E, false>, dim3(n), dim3(LP_THREADS), 0, s, logits, ldl, vocab, targets, lse, tlp,
-                  n_top, top_ids, top_lps);
+                  n_top, top_ids, top_lps, ldt);
     return 0;
 }
 
 int kc_logprob_rows(const float *logits, int ldl, int n, int vocab, const int32_t *targets, float *lse, float *tlp,
-                    int n_top, int32_t *top_ids, float *top_lps, cudaStream_t s)
+                    int n_top, int32_t *top_ids, float *top_lps, int ldt, cudaStream_t s)
 {
-    return lp_launch("kc_logprob_rows", logits, ldl, n, vocab, targets, lse, tlp, n_top, top_ids, top_lps, s);
+    return lp_launch("kc_logprob_rows", logits, ldl, n, vocab, targets, lse, tlp, n_top, top_ids, top_lps, ldt, s);
 }
 
 int kc_logprob_rows_bf16(const uint16_t *logits, int ldl, int n, int vocab, const int32_t *targets, float *lse,
-                         float *tlp, int n_top, int32_t *top_ids, float *top_lps, cudaStream_t s)
+                         float *tlp, int n_top, int32_t *top_ids, float *top_lps, int ldt, cudaStream_t s)
 {
     return lp_launch("kc_logprob_rows_bf16", (const bf16 *)logits, ldl, n, vocab, targets, lse, tlp, n_top, top_ids,
-                     top_lps, s);
+                     top_lps, ldt, s);
 }

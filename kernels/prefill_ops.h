@@ -73,17 +73,19 @@ int kc_attn_prefill_plan_for(const kc_gqa_args *a, int n_items, int max_ctx, siz
  *   lse[i] = logsumexp(row)                                   (lse may be NULL)
  *   tlp[i] = row[targets[i]] - lse[i], 0 when targets[i] is not in [0, vocab)
  *            (only when targets != NULL)
- *   top_ids / top_lps [i, n_top] = the n_top largest log-probs, descending,
- *            ties to the lower id (engine/sampling.c sampling_top_n order);
- *            entries past vocab (n_top > vocab) get id -1 and -inf.
- * 0 <= n_top <= 64. The fp32 form is the one to use: the bf16 form reads half
+ *   top_ids / top_lps [i * ldt + k], k < n_top = the n_top largest log-probs,
+ *            descending, ties to the lower id (engine/sampling.c sampling_top_n
+ *            order); entries past vocab (n_top > vocab) get id -1 and -inf. A
+ *            top-m list is the first m of the top-n one, so rows wanting fewer
+ *            can share a call with the largest n_top.
+ * 0 <= n_top <= 64 (= KDA_MAX_TOP), ldt >= n_top. The fp32 form is the one to use: the bf16 form reads half
  * the bytes, but bf16 logits are off by up to 2^-9 relative (0.03 nats at a
  * logit of 16), so it is only for callers that accept that. */
 #define KC_LOGPROB_MAX_TOP 64
 int kc_logprob_rows(const float *logits, int ldl, int n, int vocab, const int32_t *targets, float *lse,
-                    float *tlp, int n_top, int32_t *top_ids, float *top_lps, cudaStream_t s);
+                    float *tlp, int n_top, int32_t *top_ids, float *top_lps, int ldt, cudaStream_t s);
 int kc_logprob_rows_bf16(const uint16_t *logits, int ldl, int n, int vocab, const int32_t *targets, float *lse,
-                         float *tlp, int n_top, int32_t *top_ids, float *top_lps, cudaStream_t s);
+                         float *tlp, int n_top, int32_t *top_ids, float *top_lps, int ldt, cudaStream_t s);
 
 #ifdef __cplusplus
 }

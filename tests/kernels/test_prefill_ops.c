@@ -487,7 +487,8 @@ static void lp_case(int n, int vocab, int ldl, int n_top, int with_targets, int 
     if (bf16) kt_bf16_round(x, (size_t)n * ldl);
     int32_t *tg = malloc((size_t)n * 4);
     for (int r = 0; r < n; r++) tg[r] = r % 9 == 4 ? -1 : r % 9 == 6 ? vocab : (int)(kt_u01() * vocab);
-    const int ntc = n_top > 0 ? n_top : 1;
+    /* top-n row stride: n_top for odd n_top, else 2 more (columns that must stay untouched) */
+    const int ldt = n_top + (n_top % 2 ? 0 : 2), ntc = ldt;
     uint16_t *xb = bf16 ? kt_to_bf16(x, (size_t)n * ldl) : NULL;
     void *dx = bf16 ? kt_dev(xb, (size_t)n * ldl * 2) : kt_dev(x, (size_t)n * ldl * 4);
     free(xb);
@@ -495,8 +496,8 @@ static void lp_case(int n, int vocab, int ldl, int n_top, int with_targets, int 
     float *dlse = kt_dev_poison((size_t)n * 4), *dtlp = kt_dev_poison((size_t)n * 4);
     int32_t *dids = kt_dev_poison((size_t)n * ntc * 4);
     float *dlps = kt_dev_poison((size_t)n * ntc * 4);
-    const int rc = bf16 ? kc_logprob_rows_bf16(dx, ldl, n, vocab, dtg, dlse, dtlp, n_top, dids, dlps, 0)
-                        : kc_logprob_rows(dx, ldl, n, vocab, dtg, dlse, dtlp, n_top, dids, dlps, 0);
+    const int rc = bf16 ? kc_logprob_rows_bf16(dx, ldl, n, vocab, dtg, dlse, dtlp, n_top, dids, dlps, ldt, 0)
+                        : kc_logprob_rows(dx, ldl, n, vocab, dtg, dlse, dtlp, n_top, dids, dlps, ldt, 0);
     const cudaError_t ce = cudaDeviceSynchronize();
     if (rc || ce != cudaSuccess) {
         case_fail("logprob vocab %d: rc %d, device %s", vocab, rc, cudaGetErrorString(ce));
@@ -531,8 +532,8 @@ static void lp_case(int n, int vocab, int ldl, int n_top, int with_targets, int 
             snprintf(msg, sizeof msg, "tlp written without targets");
         }
         for (int k = 0; k < n_top && !msg[0]; k++) {
-            const int32_t gi = ids[(size_t)r * n_top + k];
-            const float gl = lps[(size_t)r * n_top + k];
+            const int32_t gi = ids[(size_t)r * ldt + k];
+            const float gl = lps[(size_t)r * ldt + k];
             if (k >= nref) {
                 if (gi != -1 || gl != -INFINITY) snprintf(msg, sizeof msg, "top[%d] past vocab: %d %g", k, gi, gl);
             } else if (gi != rid[k]) {
@@ -544,7 +545,9 @@ static void lp_case(int n, int vocab, int ldl, int n_top, int with_targets, int 
                 w = fabs((double)gl - rlp[k]) / fmaxf(1.0f, fabsf(L));
             }
         }
-        if (n_top == 0 && !all_bytes(ids + (size_t)r * ntc, 4, 0xFF)) snprintf(msg, sizeof msg, "top written, n_top 0");
+        if (!all_bytes(ids + (size_t)r * ldt + n_top, (size_t)(ldt - n_top) * 4, 0xFF) ||
+            !all_bytes(lps + (size_t)r * ldt + n_top, (size_t)(ldt - n_top) * 4, 0xFF))
+            snprintf(msg, sizeof msg, "top written past n_top %d (stride %d)", n_top, ldt);
         if (w > worst) worst = w;
         if (msg[0]) {
             bad_rows++;
@@ -552,8 +555,8 @@ static void lp_case(int n, int vocab, int ldl, int n_top, int with_targets, int 
             if (first_bad < 0 || r < first_bad) first_bad = r, memcpy(why, msg, sizeof why);
         }
     }
-    printf("logprob%s n=%d vocab=%d ldl=%d n_top=%d targets=%d: worst rel %.2e, %d bad rows\n", bf16 ? " bf16" : "", n,
-           vocab, ldl, n_top, with_targets, worst, bad_rows);
+    printf("logprob%s n=%d vocab=%d ldl=%d n_top=%d ldt=%d targets=%d: worst rel %.2e, %d bad rows\n",
+           bf16 ? " bf16" : "", n, vocab, ldl, n_top, ldt, with_targets, worst, bad_rows);
     if (bad_rows)
         case_fail("logprob%s vocab %d ldl %d n_top %d: %d rows wrong, first row %d (pattern %d): %s", bf16 ? " bf16" : "", vocab,
              ldl, n_top, bad_rows, first_bad, first_bad % 8, why);
@@ -585,11 +588,12 @@ static void test_logprob_rows_refuse_bad_arguments(void **st)
     (void)st;
     float *dx = kt_dev_poison(64 * 4), *dl = kt_dev_poison(64);
     int32_t *di = kt_dev_poison(64 * 4);
-    assert_int_equal(kc_logprob_rows(dx, 16, 2, 16, NULL, dl, NULL, 65, di, dl, 0), -5); /* n_top > 64 */
-    assert_int_equal(kc_logprob_rows(dx, 8, 2, 16, NULL, dl, NULL, 0, NULL, NULL, 0), -5); /* ldl < vocab */
-    assert_int_equal(kc_logprob_rows(dx, 16, 2, 16, di, dl, NULL, 0, NULL, NULL, 0), -5);  /* targets, no tlp */
-    assert_int_equal(kc_logprob_rows(dx, 16, 2, 16, NULL, dl, NULL, 3, NULL, NULL, 0), -5); /* top, no outputs */
-    assert_int_equal(kc_logprob_rows(dx, 16, 0, 16, NULL, dl, NULL, 0, NULL, NULL, 0), 0);  /* nothing to do */
+    assert_int_equal(kc_logprob_rows(dx, 16, 2, 16, NULL, dl, NULL, 65, di, dl, 65, 0), -5); /* n_top > 64 */
+    assert_int_equal(kc_logprob_rows(dx, 16, 2, 16, NULL, dl, NULL, 5, di, dl, 4, 0), -5);   /* ldt < n_top */
+    assert_int_equal(kc_logprob_rows(dx, 8, 2, 16, NULL, dl, NULL, 0, NULL, NULL, 0, 0), -5); /* ldl < vocab */
+    assert_int_equal(kc_logprob_rows(dx, 16, 2, 16, di, dl, NULL, 0, NULL, NULL, 0, 0), -5);  /* targets, no tlp */
+    assert_int_equal(kc_logprob_rows(dx, 16, 2, 16, NULL, dl, NULL, 3, NULL, NULL, 3, 0), -5); /* top, no outputs */
+    assert_int_equal(kc_logprob_rows(dx, 16, 0, 16, NULL, dl, NULL, 0, NULL, NULL, 0, 0), 0);  /* nothing to do */
     cudaFree(dx), cudaFree(dl), cudaFree(di);
 }
 
@@ -714,8 +718,9 @@ typedef struct {
 static int run_logprob(void *p)
 {
     lp_bench_ctx *c = p;
-    return c->bf16 ? kc_logprob_rows_bf16(c->x, c->vocab, c->n, c->vocab, c->tg, c->lse, c->tlp, c->n_top, c->ids, c->lps, 0)
-                   : kc_logprob_rows(c->x, c->vocab, c->n, c->vocab, c->tg, c->lse, c->tlp, c->n_top, c->ids, c->lps, 0);
+    return c->bf16 ? kc_logprob_rows_bf16(c->x, c->vocab, c->n, c->vocab, c->tg, c->lse, c->tlp, c->n_top, c->ids, c->lps,
+                                          64, 0)
+                   : kc_logprob_rows(c->x, c->vocab, c->n, c->vocab, c->tg, c->lse, c->tlp, c->n_top, c->ids, c->lps, 64, 0);
 }
 static int run_old_logprob(void *p) /* kc_row_lse + kc_gather_logprob */
 {
