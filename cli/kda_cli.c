@@ -43,7 +43,8 @@ static void usage(FILE *f)
             "  --tuning k=v,...  kernel variants and switches (also from $KDA_TUNING; --tuning wins):\n"
             "                    gemv_max_t graphs pdl gemm_lt gemm_verbose gemm_tune_flush gemm_splitk\n"
             "                    gemv_persist kda_tiled kda_tile_occ kda_tile_clusters attn_split\n"
-            "                    fast_prefill prefill_rows prof cpu_bf16_act (bench/NOTES.md says what each does)\n");
+            "                    fast_prefill prefill_rows attn_prefill_variant\n"
+            "                    attn_prefill_split prof cpu_bf16_act (bench/NOTES.md says what each does)\n");
 }
 
 static int parse_int(const char *s, const char *flag, long lo, long hi, long *out)

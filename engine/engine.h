@@ -67,6 +67,8 @@ typedef struct {
     int fast_prefill;    /* CUDA: prompt chunks through the chunked KDA kernel, flash prefill attention
                             and the fused log-prob kernel (1); 0 = the per-token kernels */
     int prefill_rows;    /* CUDA: rows of one prefill pass (8192; at least the decode batch bucket) */
+    int attn_prefill_variant; /* CUDA: prefill attention kernel variant 0-3 (0 = default; ops_attn_prefill.cu) */
+    int attn_prefill_split;   /* CUDA: force a context split every N keys in prefill attention (0 = by shape) */
     int prof;            /* CUDA: time kernel categories with events, for kda_engine_prof_take (0) */
     int cpu_bf16_act;    /* CPU: round activations to bf16 where the CUDA backend stores bf16 (0) */
 } kda_tuning;

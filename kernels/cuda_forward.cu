@@ -241,8 +241,9 @@ static int gqa_mixer_prefill(cuda_backend *b, const cu_layer *w, int T, int n_it
     a.block_table = b->d_table;
     a.max_blocks = d->max_blocks;
     KC_CHECK(kc_gqa_qkv(&a, b->st)); /* q/k norm + RoPE, K/V appended to the cache */
+    const kc_attn_prefill_tuning tune = {.variant = b->tn.attn_prefill_variant, .split_keys = b->tn.attn_prefill_split};
     KC_CHECK(kc_attn_prefill(&a, b->dm.item_row0, b->dm.item_ntok, b->dm.item_pos0, b->dm.item_slot, n_items, max_ctx,
-                             b->ybuf, d->Hq * d->hd, b->attn_ws, d->attn_prefill_ws, b->st));
+                             b->ybuf, d->Hq * d->hd, b->attn_ws, d->attn_prefill_ws, &tune, b->st));
     PROF(b, KDA_PROF_ATTN);
     return 0;
 }

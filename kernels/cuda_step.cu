@@ -153,11 +153,11 @@ static int emit_outputs(cuda_backend *b, const step_item *items, const int *row_
     if (fused && need_lse) {
         if (n_lp) CK(cudaMemcpyAsync(b->dm.lp_targets, b->hm.lp_targets, (size_t)n_out * 4, cudaMemcpyHostToDevice, s));
         KC_CHECK(kc_logprob_rows(b->logits, vocab, n_out, vocab, n_lp ? b->dm.lp_targets : NULL, b->lse, b->tlp, ptop,
-                                 b->d_ptop, b->d_ptoplp, s));
+                                 b->d_ptop, b->d_ptoplp, KDA_MAX_TOP, s));
         if (n_lp) CK(cudaMemcpyAsync(b->h_tlp, b->tlp, (size_t)n_out * 4, cudaMemcpyDeviceToHost, s));
         if (ptop) {
-            CK(cudaMemcpyAsync(b->h_ptop, b->d_ptop, (size_t)n_out * ptop * 4, cudaMemcpyDeviceToHost, s));
-            CK(cudaMemcpyAsync(b->h_ptoplp, b->d_ptoplp, (size_t)n_out * ptop * 4, cudaMemcpyDeviceToHost, s));
+            CK(cudaMemcpyAsync(b->h_ptop, b->d_ptop, (size_t)n_out * KDA_MAX_TOP * 4, cudaMemcpyDeviceToHost, s));
+            CK(cudaMemcpyAsync(b->h_ptoplp, b->d_ptoplp, (size_t)n_out * KDA_MAX_TOP * 4, cudaMemcpyDeviceToHost, s));
         }
     } else if (need_lse) {
         KC_CHECK(kc_row_lse(b->lse, b->logits, n_out, vocab, s));
@@ -192,8 +192,9 @@ static int emit_outputs(cuda_backend *b, const step_item *items, const int *row_
         const int samples = t == it->n_tokens - 1 && it->sampling;
         const int pos_top = it->n_top > 0 && it->pos_top_ids && it->pos_top_logprobs;
         if (pos_top && fused) {
-            memcpy(it->pos_top_ids + (size_t)t * it->n_top, b->h_ptop + (size_t)r * ptop, (size_t)it->n_top * 4);
-            memcpy(it->pos_top_logprobs + (size_t)t * it->n_top, b->h_ptoplp + (size_t)r * ptop, (size_t)it->n_top * 4);
+            memcpy(it->pos_top_ids + (size_t)t * it->n_top, b->h_ptop + (size_t)r * KDA_MAX_TOP, (size_t)it->n_top * 4);
+            memcpy(it->pos_top_logprobs + (size_t)t * it->n_top, b->h_ptoplp + (size_t)r * KDA_MAX_TOP,
+                   (size_t)it->n_top * 4);
         }
         if (!samples && (!pos_top || fused)) continue;
         const int32_t *ids = b->h_top + (size_t)isp * KDA_MAX_TOP;

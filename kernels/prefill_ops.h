@@ -42,13 +42,20 @@ extern "C" {
  * work: scratch for the split partials (fp32); NULL / too small = fewer or no
  * splits. kc_attn_prefill_workspace(T_max, n_items_max, Hq, hd, max_ctx_max)
  * bytes serve every call with T <= T_max and max_ctx <= max_ctx_max. */
+typedef struct {
+    int variant;    /* 0 or 1: the default kernel; 2, 3: the alternatives for hd 128, group 4
+                     * (ops_attn_prefill.cu; benchmarks) */
+    int split_keys; /* > 0: split the context every split_keys keys (rounded up to 64) in
+                     * every call (tests); 0: by shape */
+} kc_attn_prefill_tuning;          /* zero-initialised = the defaults; NULL = the same */
 int kc_attn_prefill(const kc_gqa_args *a, const int32_t *item_row0, const int32_t *item_ntok,
                     const int32_t *item_pos0, const int32_t *item_slot, int n_items, int max_ctx,
-                    uint16_t *out, int ldo, void *work, size_t work_bytes, cudaStream_t s);
+                    uint16_t *out, int ldo, void *work, size_t work_bytes, const kc_attn_prefill_tuning *tune,
+                    cudaStream_t s);
 size_t kc_attn_prefill_workspace(int T, int n_items, int Hq, int hd, int max_ctx);
 
 /* How kc_attn_prefill will run a call (for benchmarks and diagnosis): the
- * kernel variant (KDA_PREFILL_VARIANT, see ops_attn_prefill.cu), warps per
+ * kernel variant (see ops_attn_prefill.cu), warps per
  * block, query tokens per row tile (rows = tokens x group), context splits
  * and keys per split (nsplit 1: no split, no workspace used), the grid (kv
  * heads x row-tile bound x splits) and the workspace bytes it uses.
@@ -58,7 +65,7 @@ typedef struct {
     size_t work_needed;
 } kc_attn_prefill_plan;
 int kc_attn_prefill_plan_for(const kc_gqa_args *a, int n_items, int max_ctx, size_t work_bytes,
-                             kc_attn_prefill_plan *plan);
+                             const kc_attn_prefill_tuning *tune, kc_attn_prefill_plan *plan);
 
 /* ---- log-probs and top-n of logits rows ----
  * For each of n rows of logits [n, vocab] (row stride ldl >= vocab), one pass
@@ -66,17 +73,19 @@ int kc_attn_prefill_plan_for(const kc_gqa_args *a, int n_items, int max_ctx, siz
  *   lse[i] = logsumexp(row)                                   (lse may be NULL)
  *   tlp[i] = row[targets[i]] - lse[i], 0 when targets[i] is not in [0, vocab)
  *            (only when targets != NULL)
- *   top_ids / top_lps [i, n_top] = the n_top largest log-probs, descending,
- *            ties to the lower id (engine/sampling.c sampling_top_n order);
- *            entries past vocab (n_top > vocab) get id -1 and -inf.
- * 0 <= n_top <= 64. The fp32 form is the one to use: the bf16 form reads half
+ *   top_ids / top_lps [i * ldt + k], k < n_top = the n_top largest log-probs,
+ *            descending, ties to the lower id (engine/sampling.c sampling_top_n
+ *            order); entries past vocab (n_top > vocab) get id -1 and -inf. A
+ *            top-m list is the first m of the top-n one, so rows wanting fewer
+ *            can share a call with the largest n_top.
+ * 0 <= n_top <= 64 (= KDA_MAX_TOP), ldt >= n_top. The fp32 form is the one to use: the bf16 form reads half
  * the bytes, but bf16 logits are off by up to 2^-9 relative (0.03 nats at a
  * logit of 16), so it is only for callers that accept that. */
 #define KC_LOGPROB_MAX_TOP 64
 int kc_logprob_rows(const float *logits, int ldl, int n, int vocab, const int32_t *targets, float *lse,
-                    float *tlp, int n_top, int32_t *top_ids, float *top_lps, cudaStream_t s);
+                    float *tlp, int n_top, int32_t *top_ids, float *top_lps, int ldt, cudaStream_t s);
 int kc_logprob_rows_bf16(const uint16_t *logits, int ldl, int n, int vocab, const int32_t *targets, float *lse,
-                         float *tlp, int n_top, int32_t *top_ids, float *top_lps, cudaStream_t s);
+                         float *tlp, int n_top, int32_t *top_ids, float *top_lps, int ldt, cudaStream_t s);
 
 #ifdef __cplusplus
 }

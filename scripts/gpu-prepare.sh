@@ -2,7 +2,7 @@
 # Run HERE (no GPU needed) before a device call: builds the CUDA release tree and
 # gathers what the GPU machine lacks, so one call can test and benchmark.
 #   .carry/build/ the binaries of a -Dcuda=enabled release build (build-cuda/), in the
-#                 build tree's layout: kda-cli, kda-server, the two GPU test programs
+#                 build tree's layout: kda-cli, kda-server, the three GPU test programs
 #   .carry/lib/   libcjson, libsentencepiece, libmicrohttpd, libgomp (absent there)
 #   .carry/baseline_torch_fla.py   the PyTorch + fla baseline (../shared does not travel)
 #   .whl/         flash-linear-attention + fla-core wheels (pure Python)
@@ -15,14 +15,14 @@ SHARED=${KDA_SHARED:-../shared}
 [ -f build-cuda/build.ninja ] || meson setup build-cuda -Dcuda=enabled -Dbuildtype=release >/dev/null
 ninja -C build-cuda
 rm -rf .carry && mkdir -p .carry/lib
-for f in cli/kda-cli server/kda-server tests/kernels/test_kernels tests/kernels/test_cuda_model; do
+for f in cli/kda-cli server/kda-server tests/kernels/test_kernels tests/kernels/test_cuda_model tests/kernels/test_prefill_ops; do
   mkdir -p ".carry/build/$(dirname $f)"
   strip -o ".carry/build/$f" "build-cuda/$f"
 done
-# every shared library of the four programs except glibc, the C++ runtime and
+# every shared library of the five programs except glibc, the C++ runtime and
 # CUDA's own (present there): cJSON, cmocka, sentencepiece, libmicrohttpd and
 # what gnutls pulls in (unistring, idn2, nettle, ...), libgomp
-for lib in $(for f in cli/kda-cli server/kda-server tests/kernels/test_kernels tests/kernels/test_cuda_model; do
+for lib in $(for f in cli/kda-cli server/kda-server tests/kernels/test_kernels tests/kernels/test_cuda_model tests/kernels/test_prefill_ops; do
                  ldd "build-cuda/$f"; done | awk '/=>/ {print $3}' | sort -u \
              | grep -vE '/lib(c|m|dl|pthread|rt|gcc_s|stdc\+\+|cuda|cudart|cublas|cublasLt)\.so'); do
   cp -L "$lib" .carry/lib/
