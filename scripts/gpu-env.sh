@@ -9,6 +9,12 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT=${OUT:-/tmp/kda-out}
 LOG=/tmp/kda-logs
 rm -rf "$LOG"; mkdir -p "$OUT" "$LOG"
+# the programs travel packed (scripts/gpu-prepare.sh); a warm machine may
+# still hold an older unpacked copy, so always unpack afresh
+if [ -f .carry.tar.xz ]; then
+  rm -rf .carry
+  python3 -c "import tarfile; tarfile.open('.carry.tar.xz').extractall('.')" || exit 1
+fi
 B=.carry/build
 M17=/tmp/kda-1.7b
 export KDA_LIB_PATH=$PWD/.carry/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}

@@ -6,8 +6,10 @@
 #   .carry/lib/   libcjson, libsentencepiece, libmicrohttpd, libgomp (absent there)
 #   .carry/baseline_torch_fla.py   the PyTorch + fla baseline (../shared does not travel)
 #   .whl/         flash-linear-attention + fla-core wheels (pure Python)
-# The whole build tree would not fit the 64 MiB a call may carry; these do (~50 MiB
-# with the working tree). Then: device run with carry [".carry", ".whl"] and the command
+# packed into .carry.tar.xz: every program links the same kernels, so one xz
+# stream over all of them is a fraction of their size, and the 64 MiB a call
+# may carry holds it with the working tree. scripts/gpu-env.sh unpacks it there.
+# Then: device run with carry [".carry.tar.xz", ".whl"] and the command
 #   bash scripts/gpu-session.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,15 +17,17 @@ SHARED=${KDA_SHARED:-../shared}
 [ -f build-cuda/build.ninja ] || meson setup build-cuda -Dcuda=enabled -Dbuildtype=release >/dev/null
 ninja -C build-cuda
 rm -rf .carry && mkdir -p .carry/lib
-for f in cli/kda-cli server/kda-server tests/kernels/test_kernels tests/kernels/test_cuda_model tests/kernels/test_prefill_ops; do
+PROGS="cli/kda-cli server/kda-server tests/kernels/test_kernels tests/kernels/test_cuda_model
+       tests/kernels/test_prefill_ops tests/kernels/test_kda_chunk"
+for f in $PROGS; do
+  [ -f "build-cuda/$f" ] || continue
   mkdir -p ".carry/build/$(dirname $f)"
   strip -o ".carry/build/$f" "build-cuda/$f"
 done
 # every shared library of the five programs except glibc, the C++ runtime and
 # CUDA's own (present there): cJSON, cmocka, sentencepiece, libmicrohttpd and
 # what gnutls pulls in (unistring, idn2, nettle, ...), libgomp
-for lib in $(for f in cli/kda-cli server/kda-server tests/kernels/test_kernels tests/kernels/test_cuda_model tests/kernels/test_prefill_ops; do
-                 ldd "build-cuda/$f"; done | awk '/=>/ {print $3}' | sort -u \
+for lib in $(for f in $PROGS; do [ -f "build-cuda/$f" ] && ldd "build-cuda/$f"; done | awk '/=>/ {print $3}' | sort -u \
              | grep -vE '/lib(c|m|dl|pthread|rt|gcc_s|stdc\+\+|cuda|cudart|cublas|cublasLt)\.so'); do
   cp -L "$lib" .carry/lib/
 done
@@ -34,6 +38,7 @@ if ! ls .whl/flash_linear_attention-0.5.2-*.whl .whl/fla_core-0.5.2-*.whl >/dev/
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux2014_x86_64 --platform any -d .whl flash-linear-attention==0.5.2 fla-core==0.5.2
 fi
-grep -qx '/.carry/' .gitignore && grep -qx '/.whl/' .gitignore
-du -sh .carry .whl
-echo "gpu-prepare: ok (carry .carry .whl; run scripts/gpu-session.sh)"
+grep -qx '/.carry/' .gitignore && grep -qx '/.carry.tar.xz' .gitignore && grep -qx '/.whl/' .gitignore
+tar cf - .carry | xz -9e -T2 > .carry.tar.xz
+du -sh .carry .carry.tar.xz .whl
+echo "gpu-prepare: ok (carry .carry.tar.xz .whl; run scripts/gpu-session.sh)"
