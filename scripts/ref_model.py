@@ -261,6 +261,88 @@ def kda_chunked(q, k, v, g, beta, S, chunk=64):
     return o, S
 
 
+def tensor_name(c, scheme, role, layer=None):
+    """The checkpoint name of a tensor role under the fla or HF scheme (MODEL_SPEC 5)."""
+    fla = scheme == "fla"
+    if role == "embed":
+        return "model.embeddings.weight" if fla else "model.embed_tokens.weight"
+    if role == "final_norm":
+        return "model.norm.weight"
+    if role == "lm_head":
+        return "lm_head.weight"
+    p = "model.layers.%d." % layer
+    if role == "attn_norm":
+        return p + ("attn_norm.weight" if fla else "input_layernorm.weight")
+    if role == "mlp_norm":
+        return p + ("mlp_norm.weight" if fla else "post_attention_layernorm.weight")
+    if role == "mlp":
+        return p + "mlp."
+    if role == "mixer":
+        mix = p + ("attn." if fla else "self_attn.")
+        if c.family == "llama_kda" and c.kinds[layer] == "K":
+            mix += "kda."
+        return mix
+    raise KeyError(role)
+
+
+def expected_tensors(c, scheme, present=lambda n: False):
+    """{name: shape} of every tensor config c needs under the scheme. present(name)
+    tells whether a separate GQA g_proj exists (else the gate is fused into q_proj)."""
+    name = lambda role, layer=None: tensor_name(c, scheme, role, layer)  # noqa: E731
+    D, F = c.d, c.ffn
+    want = {name("embed"): (c.vocab, D), name("final_norm"): (D,)}
+    if not c.tied:
+        want[name("lm_head")] = (c.vocab, D)
+    if c.attnres:
+        want.update({"model.res_proj.weight": (1, D), "model.res_norm.weight": (D,)})
+    for i, kind in enumerate(c.kinds):
+        want[name("attn_norm", i)] = (D,)
+        want[name("mlp_norm", i)] = (D,)
+        mp = name("mlp", i)
+        want.update({mp + "gate_proj.weight": (F, D), mp + "up_proj.weight": (F, D),
+                     mp + "down_proj.weight": (D, F)})
+        if c.mlp_bias:
+            want.update({mp + "gate_proj.bias": (F,), mp + "up_proj.bias": (F,), mp + "down_proj.bias": (D,)})
+        if c.attnres:
+            p = "model.layers.%d." % i
+            want.update({p + "attn_res_proj.weight": (1, D), p + "attn_res_norm.weight": (D,),
+                         p + "mlp_res_proj.weight": (1, D), p + "mlp_res_norm.weight": (D,)})
+        m = name("mixer", i)
+        if kind == "K":
+            H, HV, K, V = c.kda_h, c.kda_hv, c.kda_k, c.kda_v
+            want.update({
+                m + "q_proj.weight": (H * K, D), m + "k_proj.weight": (H * K, D),
+                m + "v_proj.weight": (HV * V, D),
+                m + "f_proj.0.weight": (V, D), m + "f_proj.1.weight": (HV * K, V),
+                m + "b_proj.weight": (HV, D), m + "A_log": (HV,), m + "dt_bias": (HV * K,),
+                m + "g_proj.0.weight": (V, D), m + "g_proj.1.weight": (HV * V, V),
+                m + "g_proj.1.bias": (HV * V,), m + "o_norm.weight": (V,),
+                m + "o_proj.weight": (D, HV * V)})
+            if c.short_conv:
+                want.update({m + "q_conv1d.weight": (H * K, 1, c.conv), m + "k_conv1d.weight": (H * K, 1, c.conv),
+                             m + "v_conv1d.weight": (HV * V, 1, c.conv)})
+            if c.conv_bias:
+                want.update({m + "q_conv1d.bias": (H * K,), m + "k_conv1d.bias": (H * K,),
+                             m + "v_conv1d.bias": (HV * V,)})
+        else:
+            Hq, Hkv, hd = c.gqa_h, c.gqa_kvh, c.gqa_hd
+            qrows = Hq * hd
+            if c.output_gate and not present(m + "g_proj.weight"):
+                qrows = 2 * Hq * hd  # interleaved q|gate
+            elif c.output_gate:
+                want[m + "g_proj.weight"] = (Hq * hd, D)
+            want.update({m + "q_proj.weight": (qrows, D), m + "k_proj.weight": (Hkv * hd, D),
+                         m + "v_proj.weight": (Hkv * hd, D), m + "o_proj.weight": (D, Hq * hd)})
+            if c.qk_norm:
+                want.update({m + "q_norm.weight": (hd,), m + "k_norm.weight": (hd,)})
+            if c.qkv_bias:
+                want.update({m + "q_proj.bias": (Hq * hd,), m + "k_proj.bias": (Hkv * hd,),
+                             m + "v_proj.bias": (Hkv * hd,)})
+            if c.o_bias:
+                want[m + "o_proj.bias"] = (D,)
+    return want
+
+
 # ---- the model ------------------------------------------------------------------
 
 class RefModel:
@@ -293,80 +375,10 @@ class RefModel:
         raise ValueError("no embedding tensor (model.embeddings.weight / model.embed_tokens.weight)")
 
     def name(self, role, layer=None):
-        fla = self.scheme == "fla"
-        if role == "embed":
-            return "model.embeddings.weight" if fla else "model.embed_tokens.weight"
-        if role == "final_norm":
-            return "model.norm.weight"
-        if role == "lm_head":
-            return "lm_head.weight"
-        p = "model.layers.%d." % layer
-        if role == "attn_norm":
-            return p + ("attn_norm.weight" if fla else "input_layernorm.weight")
-        if role == "mlp_norm":
-            return p + ("mlp_norm.weight" if fla else "post_attention_layernorm.weight")
-        if role == "mlp":
-            return p + "mlp."
-        if role == "mixer":
-            mix = p + ("attn." if fla else "self_attn.")
-            if self.cfg.family == "llama_kda" and self.cfg.kinds[layer] == "K":
-                mix += "kda."
-            return mix
-        raise KeyError(role)
+        return tensor_name(self.cfg, self.scheme, role, layer)
 
     def _check_shapes(self):
-        c = self.cfg
-        D, F = c.d, c.ffn
-        want = {self.name("embed"): (c.vocab, D), self.name("final_norm"): (D,)}
-        if not c.tied:
-            want[self.name("lm_head")] = (c.vocab, D)
-        if c.attnres:
-            want.update({"model.res_proj.weight": (1, D), "model.res_norm.weight": (D,)})
-        for i, kind in enumerate(c.kinds):
-            want[self.name("attn_norm", i)] = (D,)
-            want[self.name("mlp_norm", i)] = (D,)
-            mp = self.name("mlp", i)
-            want.update({mp + "gate_proj.weight": (F, D), mp + "up_proj.weight": (F, D),
-                         mp + "down_proj.weight": (D, F)})
-            if c.mlp_bias:
-                want.update({mp + "gate_proj.bias": (F,), mp + "up_proj.bias": (F,), mp + "down_proj.bias": (D,)})
-            if c.attnres:
-                p = "model.layers.%d." % i
-                want.update({p + "attn_res_proj.weight": (1, D), p + "attn_res_norm.weight": (D,),
-                             p + "mlp_res_proj.weight": (1, D), p + "mlp_res_norm.weight": (D,)})
-            m = self.name("mixer", i)
-            if kind == "K":
-                H, HV, K, V = c.kda_h, c.kda_hv, c.kda_k, c.kda_v
-                want.update({
-                    m + "q_proj.weight": (H * K, D), m + "k_proj.weight": (H * K, D),
-                    m + "v_proj.weight": (HV * V, D),
-                    m + "f_proj.0.weight": (V, D), m + "f_proj.1.weight": (HV * K, V),
-                    m + "b_proj.weight": (HV, D), m + "A_log": (HV,), m + "dt_bias": (HV * K,),
-                    m + "g_proj.0.weight": (V, D), m + "g_proj.1.weight": (HV * V, V),
-                    m + "g_proj.1.bias": (HV * V,), m + "o_norm.weight": (V,),
-                    m + "o_proj.weight": (D, HV * V)})
-                if c.short_conv:
-                    want.update({m + "q_conv1d.weight": (H * K, 1, c.conv), m + "k_conv1d.weight": (H * K, 1, c.conv),
-                                 m + "v_conv1d.weight": (HV * V, 1, c.conv)})
-                if c.conv_bias:
-                    want.update({m + "q_conv1d.bias": (H * K,), m + "k_conv1d.bias": (H * K,),
-                                 m + "v_conv1d.bias": (HV * V,)})
-            else:
-                Hq, Hkv, hd = c.gqa_h, c.gqa_kvh, c.gqa_hd
-                qrows = Hq * hd
-                if c.output_gate and m + "g_proj.weight" not in self.store:
-                    qrows = 2 * Hq * hd  # interleaved q|gate
-                elif c.output_gate:
-                    want[m + "g_proj.weight"] = (Hq * hd, D)
-                want.update({m + "q_proj.weight": (qrows, D), m + "k_proj.weight": (Hkv * hd, D),
-                             m + "v_proj.weight": (Hkv * hd, D), m + "o_proj.weight": (D, Hq * hd)})
-                if c.qk_norm:
-                    want.update({m + "q_norm.weight": (hd,), m + "k_norm.weight": (hd,)})
-                if c.qkv_bias:
-                    want.update({m + "q_proj.bias": (Hq * hd,), m + "k_proj.bias": (Hkv * hd,),
-                                 m + "v_proj.bias": (Hkv * hd,)})
-                if c.o_bias:
-                    want[m + "o_proj.bias"] = (D,)
+        want = expected_tensors(self.cfg, self.scheme, lambda n: n in self.store)
         for n, shape in want.items():
             if n not in self.store:
                 raise ValueError("missing tensor %s" % n)
