@@ -353,6 +353,7 @@ class RefModel:
         with open(os.path.join(d, "config.json")) as fh:
             self.cfg = Config(json.load(fh))
         self.dtype, self.kda_mode, self.bf16_act = dtype, kda_mode, bf16_act
+        self.trace, self._layer = None, None   # forward(trace={}): intermediates by "L<i>.<name>"
         self.store = st.TensorStore(d)
         self.scheme = self._detect_scheme()
         c = self.cfg
@@ -361,6 +362,12 @@ class RefModel:
         self.cache = {}
         self.cache_dtype = dtype if n * esize <= FULL_CACHE else torch.float32 if n * 4 <= F32_CACHE else None
         self._check_shapes()
+
+    def tr(self, name, x):
+        """Records an intermediate when tracing (scripts/make_fla_fixtures.py compares
+        them layer by layer with fla's)."""
+        if self.trace is not None:
+            self.trace["L%d.%s" % (self._layer, name) if self._layer is not None else name] = x.detach().clone()
 
     def act(self, x):
         """x, rounded to bf16 (round to nearest even) when emulating bf16 storage"""
@@ -425,14 +432,20 @@ class RefModel:
         else:  # fla use_short_conv=False: SiLU of the projections
             silu = torch.nn.functional.silu
             q, k, v = silu(qr), silu(kr), silu(vr)
-        graw = ((a @ W("f_proj.0.weight").T) @ W("f_proj.1.weight").T + W("dt_bias")).view(T, HV, K)
+        self.tr("q_conv", q), self.tr("k_conv", k), self.tr("v_conv", v)
+        f = (a @ W("f_proj.0.weight").T) @ W("f_proj.1.weight").T
+        self.tr("graw", f)
+        graw = (f + W("dt_bias")).view(T, HV, K)
         A = torch.exp(W("A_log"))[:, None]                              # per value head
         if c.lower_bound is None:
             sp = torch.nn.functional.softplus(graw, beta=1.0, threshold=20.0)
             g = -A * sp                                                 # [T, HV, K], <= 0
         else:  # fla lower-bound gate: in [lower_bound, 0)
             g = c.lower_bound * torch.sigmoid(A * graw)
-        beta = c.beta_scale * torch.sigmoid(a @ W("b_proj.weight").T)   # [T, HV]
+        braw = a @ W("b_proj.weight").T
+        self.tr("braw", braw)
+        self.tr("gate", g)
+        beta = c.beta_scale * torch.sigmoid(braw)                       # [T, HV]
         q = l2_norm(q.view(T, H, K)) * (K ** -0.5)
         k = l2_norm(k.view(T, H, K))
         # GVA: value head j reads q/k head j // (HV / H)
@@ -440,8 +453,10 @@ class RefModel:
         v = v.view(T, HV, V)
         run = kda_recurrent if self.kda_mode == "recurrent" else kda_chunked
         o, s["S"] = run(q, k, v, g, beta, s["S"])
+        self.tr("o_kernel", o)
         G = (a @ W("g_proj.0.weight").T) @ W("g_proj.1.weight").T + W("g_proj.1.bias")
         y = rms_norm(o, W("o_norm.weight"), c.eps) * torch.sigmoid(G.view(T, HV, V))
+        self.tr("o_gated", y)
         return self.act(y.reshape(T, HV * V)) @ W("o_proj.weight").T
 
     def gqa(self, i, a, s, pos):
@@ -493,9 +508,11 @@ class RefModel:
         up = mm @ self.W(mp + "up_proj.weight").T + B("up_proj")
         return self.act(torch.nn.functional.silu(gate) * up) @ self.W(mp + "down_proj.weight").T + B("down_proj")
 
-    def forward(self, tokens, state=None):
-        """tokens: list of ids. Returns (logits [T, vocab] in the compute dtype, state)."""
+    def forward(self, tokens, state=None, trace=None):
+        """tokens: list of ids. Returns (logits [T, vocab] in the compute dtype, state).
+        trace: a dict to fill with the intermediates (see tr)."""
         c = self.cfg
+        self.trace, self._layer = trace, None
         if state is None:
             state = self.new_state()
         toks = torch.tensor(list(tokens), dtype=torch.long)
@@ -511,10 +528,18 @@ class RefModel:
             h = self._attnres_layers(h, mixer)
         else:
             for i in range(c.n_layers):
+                self._layer = i
                 a = self.act(rms_norm(h, self.W(self.name("attn_norm", i)), c.eps))
-                h = h + mixer(i, a)
+                self.tr("a", a)
+                y = mixer(i, a)
+                self.tr("mixer_out", y)
+                h = h + y
                 mm = self.act(rms_norm(h, self.W(self.name("mlp_norm", i)), c.eps))
-                h = h + self.mlp(i, mm)
+                y = self.mlp(i, mm)
+                self.tr("mlp_out", y)
+                h = h + y
+                self.tr("h_out", h)
+            self._layer = None
         h = self.act(rms_norm(h, self.W(self.name("final_norm")), c.eps))
         head = self.W(self.name("embed") if c.tied else self.name("lm_head"))
         state["pos"] = pos + len(toks)
@@ -531,7 +556,7 @@ class RefModel:
         c, B = self.cfg, self.cfg.attnres
         blocks, partial = [], h
         for i in range(c.n_layers):
-            p = "model.layers.%d." % i
+            p, self._layer = "model.layers.%d." % i, i
             for sub, (proj, run) in enumerate((("attn_res", mixer), ("mlp_res", self.mlp))):
                 srcs = blocks + [partial]
                 norm_w = self.W(self.name("attn_norm" if sub == 0 else "mlp_norm", i))
@@ -541,6 +566,7 @@ class RefModel:
                     blocks, partial = srcs, None
                 y = run(i, x)
                 partial = y if partial is None else partial + y
+        self._layer = None
         return attnres(self.W("model.res_proj.weight")[0], blocks + [partial], self.W("model.res_norm.weight"), c.eps)
 
 
