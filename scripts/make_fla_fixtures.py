@@ -7,7 +7,8 @@ tests/fixtures/fla/ and tests/engine/test_fla_fixtures.py:
 * one small checkpoint per option (MODEL_SPEC 5a, 6), written by fla's own
   KDAForCausalLM.save_pretrained (or, for llama_kda, transformers'
   LlamaForCausalLM with fla's KimiDeltaAttention in the KDA layers, the way
-  Mercity's LlamaKDA builds it), d = 64, vocab 512, fp32 weights (one bf16);
+  Mercity's LlamaKDA builds it), d = 64, vocab 256, 2-4 layers, weights stored in
+  bf16 (plain: fp32) -- fla computes in fp32 on exactly the stored values;
 * fla's fp32 log-probs over 256 tokens with KDA in fused_recurrent mode (the
   exact per-token kernel), and in chunk mode as a second column; 32 greedy
   tokens after a 48-token prompt (full re-forward per step, fused_recurrent)
@@ -51,7 +52,7 @@ sys.path.insert(0, HERE)
 
 T_SCORE = 256          # tokens scored per fixture
 PROMPT, N_GREEDY = 48, 32
-VOCAB = 512
+VOCAB = 256
 START = time.time()
 BUDGET = float(os.environ.get("KDA_FIXTURE_BUDGET_S", "480"))
 LOG = []
@@ -112,7 +113,8 @@ def flash_attn_sdpa(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
         k = k.repeat_interleave(H // Hkv, dim=2)
         v = v.repeat_interleave(H // Hkv, dim=2)
     scale = softmax_scale if softmax_scale is not None else d ** -0.5
-    qf, kf, vf = (x.float().transpose(1, 2) for x in (q, k, v))      # [B, H, T, d]
+    ct = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype  # fp32 at least
+    qf, kf, vf = (x.to(ct).transpose(1, 2) for x in (q, k, v))        # [B, H, T, d]
     s = torch.matmul(qf, kf.transpose(-1, -2)) * scale                  # [B, H, Tq, Tk]
     qi = torch.arange(Tq, device=q.device)[:, None] + (Tk - Tq)
     kj = torch.arange(Tk, device=q.device)[None, :]
@@ -171,13 +173,14 @@ def perturb(model, seed, lower_bound=None):
 
 # ---- the fixtures -----------------------------------------------------------------
 
-BASE = dict(hidden_size=64, num_hidden_layers=3, num_heads=4, head_dim=16, vocab_size=VOCAB,
+BASE = dict(hidden_size=64, num_hidden_layers=2, num_heads=4, head_dim=16, vocab_size=VOCAB, intermediate_size=128,
             max_position_embeddings=2048, bos_token_id=1, eos_token_id=2)
 ATTN = {"layers": [1], "num_heads": 4, "num_kv_heads": 2}
 
 FLA_CASES = [
     # name, KDAConfig kwargs, extras
-    ("plain", {}, {"analyse": True}),
+    # plain: fp32 weights, 3 layers, the FFN width from fla's hidden_ratio rule
+    ("plain", {"num_hidden_layers": 3, "intermediate_size": None}, {"analyse": True, "fp32": True}),
     ("hybrid_attn", {"attn": ATTN}, {"analyse": True}),
     ("attn_window", {"attn": dict(ATTN, window_size=24)}, {}),
     ("attn_qkv_bias", {"attn": dict(ATTN, qkv_bias=True)}, {}),
@@ -191,7 +194,7 @@ FLA_CASES = [
     ("expand_v2", {"expand_v": 2.0}, {}),
     ("attnres2", {"attnres_block_size": 2, "attn": ATTN}, {}),
     ("attnres1", {"attnres_block_size": 1}, {}),
-    ("bf16_weights", {"attn": ATTN, "tie_word_embeddings": True}, {"bf16": True}),
+    ("tied", {"attn": ATTN, "tie_word_embeddings": True}, {}),
 ]
 
 LLAMA = dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
@@ -342,19 +345,36 @@ def greedy(model, prompt, n):
     return out, margins
 
 
-def save_and_reload(model, d, family, extra):
+@torch.no_grad()
+def save(model, d, family, bf16):
+    """save_pretrained, in bf16 unless fp32: the fp32 model's parameters are rounded
+    to bf16 first, so fla computes (in fp32) on exactly the stored values. The
+    outputs come from this in-memory model: transformers would rebuild a plain Llama
+    from the llama_kda config, and fla's KDABlock drops conv_bias. A reload of fla
+    checkpoints checks the weights read back equal."""
+    import copy
     os.makedirs(d, exist_ok=True)
-    model.save_pretrained(d)
-    if family == "llama_kda" or extra.get("conv_bias"):
-        # transformers would rebuild a plain Llama / fla's KDABlock drops conv_bias:
-        # the reference is the model in memory, whose weights are exactly what was saved
-        return model, "in-memory model (its weights are the saved ones)"
-    from fla.models import KDAForCausalLM
-    try:
-        m = KDAForCausalLM.from_pretrained(d, dtype=torch.float32)
-    except TypeError:
-        m = KDAForCausalLM.from_pretrained(d, torch_dtype=torch.float32)
-    return m.cuda().float().eval(), "KDAForCausalLM.from_pretrained(dir, dtype=float32)"
+    if bf16:
+        for p in model.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
+        copy.deepcopy(model).to(torch.bfloat16).save_pretrained(d)
+    else:
+        model.save_pretrained(d)
+    how = "the in-memory fp32 model whose parameters were saved (%s)" % ("bf16" if bf16 else "fp32")
+    if family == "kda":
+        from fla.models import KDAForCausalLM
+        try:
+            try:
+                m = KDAForCausalLM.from_pretrained(d, dtype=torch.float32)
+            except TypeError:
+                m = KDAForCausalLM.from_pretrained(d, torch_dtype=torch.float32)
+            sd = m.state_dict()
+            worst = max(float((sd[k].float().cpu() - v.float().cpu()).abs().max()) if k in sd else float("inf")
+                        for k, v in model.state_dict().items() if "inv_freq" not in k)
+            how += "; fla's from_pretrained reads it back with max |weight diff| %.3g" % worst
+        except Exception as e:  # noqa: BLE001
+            how += "; reload check failed: %s" % str(e)[:200]
+    return how
 
 
 def kda_cli():
@@ -394,33 +414,30 @@ def make_fixture(name, family, kw, extra, root):
     torch.manual_seed(seed)
     model = (build_fla(kw, extra) if family == "kda" else build_llama(kw, extra)).float()
     perturb(model, seed, extra.get("lower_bound") if family == "kda" else extra.get("kda_lower_bound"))
-    model = model.cuda().eval()
+    fla_model = model.cuda().eval()
     d = os.path.join(root, "fixtures", name)
-    if extra.get("bf16"):
-        model = model.to(torch.bfloat16)
-    ref_model, how = save_and_reload(model, d, family, extra)
-    if extra.get("bf16"):
-        ref_model = ref_model.float()  # fla in fp32 on the bf16-rounded weights
+    how = save(fla_model, d, family, bf16=not extra.get("fp32"))
+    log("%s: %s" % (name, how))
     g = torch.Generator().manual_seed(seed)
     tokens = [1] + torch.randint(0, VOCAB, (T_SCORE - 1,), generator=g).tolist()
     exp = {"name": name, "family": family, "tokens": tokens, "computed_from": how,
            "config_kwargs": {k: v for k, v in kw.items()}, "extra": extra}
-    exp["logprobs_fused_recurrent"] = logprobs(ref_model, tokens, "fused_recurrent")
+    exp["logprobs_fused_recurrent"] = logprobs(fla_model, tokens, "fused_recurrent")
     if left() > 60:
-        exp["logprobs_chunk"] = guarded(name + " chunk mode", logprobs, ref_model, tokens, "chunk")
+        exp["logprobs_chunk"] = guarded(name + " chunk mode", logprobs, fla_model, tokens, "chunk")
     else:
         log("%s: chunk column skipped (time budget)" % name)
     exp["greedy_prompt"] = tokens[:PROMPT]
-    exp["greedy"], exp["greedy_margins"] = greedy(ref_model, tokens[:PROMPT], N_GREEDY)
+    exp["greedy"], exp["greedy_margins"] = greedy(fla_model, tokens[:PROMPT], N_GREEDY)
     with open(os.path.join(d, "expected.json"), "w") as fh:
         json.dump(exp, fh)
     ours = guarded(name + " ours", ours_logprobs, d, tokens) or {}
     row = {"name": name, "fr": exp["logprobs_fused_recurrent"], "chunk": exp.get("logprobs_chunk")}
     row.update(ours)
     if extra.get("analyse") and left() > 90:
-        guarded(name + " analysis", analyse, ref_model, d, tokens, root, name)
+        guarded(name + " analysis", analyse, fla_model, d, tokens, root, name)
     elif extra.get("analyse_kernels") and left() > 60:
-        guarded(name + " kernel analysis", analyse, ref_model, d, tokens, root, name, kernels_only=True)
+        guarded(name + " kernel analysis", analyse, fla_model, d, tokens, root, name, kernels_only=True)
     return row
 
 
@@ -660,6 +677,24 @@ def pack(root, out_dir, rows, env):
     os.replace(tgz + ".tmp", tgz)
     with open(os.path.join(out_dir, "summary.txt"), "w") as fh:
         fh.write("\n".join(lines) + "\n")
+    with open(os.path.join(out_dir, "analysis.txt"), "w") as fh:
+        fh.write(analysis_text(root))
+
+
+def analysis_text(root):
+    d = os.path.join(root, "analysis")
+    parts = []
+    for f in sorted(os.listdir(d)) if os.path.isdir(d) else []:
+        if f.endswith(".txt"):
+            with open(os.path.join(d, f)) as fh:
+                parts.append(fh.read())
+    p = os.path.join(d, "chunk_ieee.json")
+    if os.path.exists(p):
+        with open(p) as fh:
+            res = json.load(fh)
+        parts.append("## chunk_kda with IEEE fp32 dots, rel err of o vs float64\n" +
+                     "\n".join("  %-40s %s" % (k, fmt(v)) for k, v in res.items()) + "\n")
+    return "\n".join(parts)
 
 
 def main():
@@ -696,6 +731,7 @@ def main():
     if left() > 45:
         guarded("chunk ieee", run_ieee, root)
     guarded("pack", pack, root, a.out, rows, env)
+    print(analysis_text(root))
     print("\n".join(summary_lines(rows, env)))
     return 0
 
