@@ -17,6 +17,7 @@ import json
 import os
 import random
 import shutil
+import subprocess
 import sys
 import tempfile
 
@@ -95,8 +96,31 @@ def main():
             run([PY, os.path.join(SRC, "scripts", "gen_checkpoint.py"), d] + args.split())
             shutil.copy(os.path.join(SRC, "tests", "fixtures", "configs", name), os.path.join(d, "config.json"))
             ok &= compare("tool-written " + name, d, [1] + [rnd.randrange(256) for _ in range(39)])
+        ok &= config_map_case(tmp, rnd)
     print("PASS" if ok else "FAIL")
     return 0 if ok else 1
+
+
+def config_map_case(tmp, rnd):
+    """configs/README.md's worked example: the foreign config.json through the shipped
+    config map, with the weights of the native layout, gives the native log-probs."""
+    native = os.path.join(tmp, "native")
+    run([PY, os.path.join(SRC, "scripts", "gen_checkpoint.py"), native, "--preset", "tiny", "--seed", "30"])
+    foreign = os.path.join(tmp, "bqalm")
+    os.makedirs(foreign)
+    shutil.copy(os.path.join(native, "model.safetensors"), foreign)
+    shutil.copy(os.path.join(SRC, "tests", "fixtures", "configmap", "bqalm-config.json"),
+                os.path.join(foreign, "config.json"))
+    toks = ",".join(map(str, [1] + [rnd.randrange(256) for _ in range(30)]))
+    want = json.loads(run([CLI, "score", native, "--tokens", toks, "--json"]))["token_logprobs"]
+    got = json.loads(run([CLI, "score", foreign, "--tokens", toks, "--json", "--config-map",
+                          os.path.join(SRC, "configs")]))["token_logprobs"]
+    r = subprocess.run([CLI, "score", foreign, "--tokens", toks, "--json"], capture_output=True, text=True)
+    refused = r.returncode != 0 and "bqalm" in r.stderr and "config map" in r.stderr
+    good = got == want and refused
+    print(f"{'config map (configs/bqalm.configmap.json)':45s} identical={got == want} "
+          f"unmapped-refused={refused} {'ok' if good else 'FAIL'}")
+    return good
 
 
 if __name__ == "__main__":
