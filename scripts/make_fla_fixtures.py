@@ -369,9 +369,13 @@ def save(model, d, family, bf16):
             except TypeError:
                 m = KDAForCausalLM.from_pretrained(d, torch_dtype=torch.float32)
             sd = m.state_dict()
-            worst = max(float((sd[k].float().cpu() - v.float().cpu()).abs().max()) if k in sd else float("inf")
-                        for k, v in model.state_dict().items() if "inv_freq" not in k)
+            mine = {k: v for k, v in model.state_dict().items() if "inv_freq" not in k}
+            worst = max((float((sd[k].float().cpu() - v.float().cpu()).abs().max()) for k, v in mine.items()
+                         if k in sd), default=float("nan"))
+            lost = sorted(k for k in mine if k not in sd)
             how += "; fla's from_pretrained reads it back with max |weight diff| %.3g" % worst
+            if lost:  # conv_bias: fla's KDABlock builds no conv bias, so its reload drops them
+                how += " and without %d tensors (%s, ...)" % (len(lost), lost[0])
         except Exception as e:  # noqa: BLE001
             how += "; reload check failed: %s" % str(e)[:200]
     return how
