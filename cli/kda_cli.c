@@ -20,7 +20,7 @@
 #define SCORE_CHUNK 512   /* tokens per engine step when scoring long texts */
 
 typedef struct {
-    const char *dir, *device, *tokens, *text, *name_map, *tuning;
+    const char *dir, *device, *tokens, *text, *name_map, *config_map, *tuning;
     int json, max_tokens, top_k, seed_set, threads, no_bos, ignore_eos, verbose, max_seq_len;
     float temperature, top_p, min_p, rep_pen, pres_pen, freq_pen;
     uint64_t seed;
@@ -44,7 +44,10 @@ static void usage(FILE *f)
             "                    gemv_max_t graphs pdl gemm_lt gemm_verbose gemm_tune_flush gemm_splitk\n"
             "                    gemv_persist kda_tiled kda_tile_occ kda_tile_clusters attn_split\n"
             "                    fast_prefill prefill_rows attn_prefill_variant\n"
-            "                    attn_prefill_split prof cpu_bf16_act (bench/NOTES.md says what each does)\n");
+            "                    attn_prefill_split prof cpu_bf16_act (bench/NOTES.md says what each does)\n"
+            "  --name-map FILE    tensor names of another layout (configs/README.md)\n"
+            "  --config-map PATH  config.json keys of another layout: a map file, or a folder of\n"
+            "                     *.configmap.json chosen by model_type (configs/README.md)\n");
 }
 
 static int parse_int(const char *s, const char *flag, long lo, long hi, long *out)
@@ -94,6 +97,7 @@ static int parse_opts(int argc, char **argv, cli_opts *o)
         else if (!strcmp(a, "--text")) { NEEDV(); o->text = v; }
         else if (!strcmp(a, "--name-map")) { NEEDV(); o->name_map = v; }
         else if (!strcmp(a, "--tuning")) { NEEDV(); o->tuning = v; }
+        else if (!strcmp(a, "--config-map")) { NEEDV(); o->config_map = v; }
         else if (!strcmp(a, "--max-tokens")) { NEEDV(); if (parse_int(v, a, 0, 1 << 24, &n)) return -1; o->max_tokens = (int)n; }
         else if (!strcmp(a, "--threads")) { NEEDV(); if (parse_int(v, a, 0, 1024, &n)) return -1; o->threads = (int)n; }
         else if (!strcmp(a, "--max-seq-len")) { NEEDV(); if (parse_int(v, a, 1, INT_MAX, &n)) return -1; o->max_seq_len = (int)n; }
@@ -157,8 +161,8 @@ static kda_engine *open_engine(const cli_opts *o)
         return NULL;
     }
     kda_engine_opts eo = {.model_dir = o->dir, .device = o->device, .threads = o->threads, .max_seqs = 1,
-                          .max_seq_len = o->max_seq_len, .name_map = o->name_map, .tuning = &tn,
-                          .verbose = o->verbose};
+                          .max_seq_len = o->max_seq_len, .name_map = o->name_map,
+                          .config_map = o->config_map, .tuning = &tn, .verbose = o->verbose};
     if (kda_engine_open(&e, &eo, err, sizeof err)) {
         fprintf(stderr, "kda-cli: %s: %s\n", o->dir, err);
         return NULL;
@@ -216,7 +220,7 @@ static void emit_json(cJSON *o)
 static int cmd_inspect(const cli_opts *o)
 {
     char err[512];
-    int rc = kda_inspect(o->dir, o->name_map, o->json, stdout, err, sizeof err);
+    int rc = kda_inspect(o->dir, o->name_map, o->config_map, o->json, stdout, err, sizeof err);
     if (rc) fprintf(stderr, "kda-cli: %s: %s\n", o->dir, err);
     return rc ? 1 : 0;
 }

@@ -34,19 +34,23 @@
 #define PAR_MIN_WORK (1 << 16)
 
 typedef struct {
-    float *S;      /* [n_kda][H][K][V] recurrent state */
-    float *tail;   /* [n_kda][P][HK + HK + HV] conv history, oldest first */
+    float *S;      /* [n_kda][HV][K][V] recurrent state */
+    float *tail;   /* [n_kda][P][HK + HK + HV*V] conv history, oldest first (P = 0 without conv) */
     float *kc, *vc;/* [n_gqa][cap][Hkv*hd] keys after norm+RoPE, values */
     int ready;
 } cpu_slot;
 
-/* Small per-layer vectors, converted to fp32 once. */
+/* Small per-layer vectors, converted to fp32 once (NULL when the config has no such tensor). */
 typedef struct {
     float *attn_norm, *mlp_norm;       /* [D] */
     float *q_conv, *k_conv, *v_conv;   /* [C][taps] */
-    float *A_log, *dt_bias;            /* [H], [HK] */
-    float *g1_bias, *o_norm;           /* [HV], [V] */
+    float *q_conv_b, *k_conv_b, *v_conv_b; /* [C] */
+    float *A_log, *dt_bias;            /* [HV], [HV*K] */
+    float *g1_bias, *o_norm;           /* [HV*V], [V] */
     float *q_norm, *k_norm;            /* [hd] */
+    float *q_bias, *k_bias, *v_bias, *o_bias; /* [Hq*hd], [Hkv*hd], [Hkv*hd], [D] */
+    float *gate_bias, *up_bias, *down_bias;   /* [F], [F], [D] */
+    float *ar_attn_q, *ar_attn_w, *ar_mlp_q, *ar_mlp_w; /* attnres [D] each */
 } layer_vecs;
 
 typedef struct {
@@ -58,6 +62,8 @@ typedef struct {
     int kda_idx[KDA_MAX_LAYERS], gqa_idx[KDA_MAX_LAYERS];
     layer_vecs *vec;
     float *final_norm;
+    float *ar_final_q, *ar_final_w;    /* attnres before the final norm, [D] */
+    int ar_sources;                    /* attnres: most residual sources a row holds */
     cpu_slot *slots;
     /* step scratch: grows to the largest step seen (a step's rows are not
      * bounded by anything the backend knows) and is reused; offsets and the
@@ -131,23 +137,34 @@ static float *scratch_get(cpu_backend *b, size_t floats)
     return b->scratch;
 }
 
-/* ---- one KDA layer over all N rows ---- */
+/* y[t][r] += bias[r] for N rows of width R (bias may be NULL) */
+static void add_bias(float *y, const float *bias, int N, int R)
+{
+    if (!bias) return;
+    for (int t = 0; t < N; t++)
+        for (int r = 0; r < R; r++) y[(size_t)t * R + r] += bias[r];
+}
+
+/* ---- one KDA layer over all N rows ----
+ * H q/k heads, HV value heads: value head j reads q/k head j / (HV / H)
+ * (fla GVA); its gate, beta, state and output are its own. */
 static void kda_layer_forward(cpu_backend *b, int li, const step_item *items, int n, const int *off,
                               int N, const float *a, float *x, float *buf)
 {
     const model_config *c = b->c;
     const kda_layer *L = &b->w->layers[li].kda;
     const layer_vecs *lv = &b->vec[li];
-    const int D = c->d, H = c->kda_h, K = c->kda_k, V = c->kda_v, HK = H * K, HV = H * V;
-    const int P = c->conv_size - 1, kl = b->kda_idx[li];
+    const int D = c->d, H = c->kda_h, HV = c->kda_hv, K = c->kda_k, V = c->kda_v;
+    const int HK = H * K, HVK = HV * K, HVV = HV * V, group = HV / H;
+    const int P = model_conv_history(c), kl = b->kda_idx[li];
     float *qr = buf, *kr = qr + (size_t)N * HK, *vr = kr + (size_t)N * HK;
-    float *q = vr + (size_t)N * HV, *k = q + (size_t)N * HK, *v = k + (size_t)N * HK;
-    float *low = v + (size_t)N * HV;        /* [N, V] bottleneck */
-    float *gk = low + (size_t)N * V;        /* [N, HK] */
-    float *bt = gk + (size_t)N * HK;        /* [N, H] */
-    float *G = bt + (size_t)N * H;          /* [N, HV] */
-    float *o = G + (size_t)N * HV;          /* [N, HV] */
-    float *out = o + (size_t)N * HV;        /* [N, D] */
+    float *q = vr + (size_t)N * HVV, *k = q + (size_t)N * HK, *v = k + (size_t)N * HK;
+    float *low = v + (size_t)N * HVV;       /* [N, V] bottleneck */
+    float *gk = low + (size_t)N * V;        /* [N, HV*K] */
+    float *bt = gk + (size_t)N * HVK;       /* [N, HV] */
+    float *G = bt + (size_t)N * HV;         /* [N, HV*V] */
+    float *o = G + (size_t)N * HVV;         /* [N, HV*V] */
+    float *out = o + (size_t)N * HVV;       /* [N, D] */
 
     matmul_tv(qr, a, &L->q, N);
     matmul_tv(kr, a, &L->k, N);
@@ -158,23 +175,34 @@ static void kda_layer_forward(cpu_backend *b, int li, const step_item *items, in
     matmul_tv(low, a, &L->g0, N);
     matmul_tv(G, low, &L->g1, N);
 
-    const int par = (long)N * HK * 16 >= PAR_MIN_WORK;
+    const int par = (long)N * HVK * 16 >= PAR_MIN_WORK;
 #pragma omp parallel for schedule(static) if (par)
     for (int t = 0; t < N; t++) {
-        kda_gate_f32(gk + (size_t)t * HK, gk + (size_t)t * HK, lv->A_log, lv->dt_bias, H, K);
-        for (int h = 0; h < H; h++) bt[(size_t)t * H + h] = sigmoid_f32(bt[(size_t)t * H + h]);
-        for (int j = 0; j < HV; j++) G[(size_t)t * HV + j] += lv->g1_bias[j];
+        float *g = gk + (size_t)t * HVK;
+        if (c->gate == KDA_GATE_LOWER_BOUND)
+            kda_gate_lb_f32(g, g, lv->A_log, lv->dt_bias, HV, K, c->gate_lower_bound);
+        else
+            kda_gate_f32(g, g, lv->A_log, lv->dt_bias, HV, K);
+        for (int h = 0; h < HV; h++) bt[(size_t)t * HV + h] = c->beta_scale * sigmoid_f32(bt[(size_t)t * HV + h]);
+        for (int j = 0; j < HVV; j++) G[(size_t)t * HVV + j] += lv->g1_bias[j];
     }
 
-    /* short conv per sequence (its tail continues from the previous step) */
-    for (int i = 0; i < n; i++) {
-        cpu_slot *s = &b->slots[items[i].slot];
-        float *tail = s->tail + (size_t)kl * P * (2 * HK + HV);
-        const int T = items[i].it->n_tokens;
-        const size_t r0 = (size_t)off[i];
-        short_conv_f32(q + r0 * HK, qr + r0 * HK, T, HK, lv->q_conv, c->conv_size, tail);
-        short_conv_f32(k + r0 * HK, kr + r0 * HK, T, HK, lv->k_conv, c->conv_size, tail + (size_t)P * HK);
-        short_conv_f32(v + r0 * HV, vr + r0 * HV, T, HV, lv->v_conv, c->conv_size, tail + (size_t)2 * P * HK);
+    if (c->short_conv) {
+        /* short conv per sequence (its tail continues from the previous step) */
+        for (int i = 0; i < n; i++) {
+            cpu_slot *s = &b->slots[items[i].slot];
+            float *tail = s->tail + (size_t)kl * P * (2 * HK + HVV);
+            const int T = items[i].it->n_tokens;
+            const size_t r0 = (size_t)off[i];
+            short_conv_bias_f32(q + r0 * HK, qr + r0 * HK, T, HK, lv->q_conv, lv->q_conv_b, c->conv_size, tail);
+            short_conv_bias_f32(k + r0 * HK, kr + r0 * HK, T, HK, lv->k_conv, lv->k_conv_b, c->conv_size,
+                                tail + (size_t)P * HK);
+            short_conv_bias_f32(v + r0 * HVV, vr + r0 * HVV, T, HVV, lv->v_conv, lv->v_conv_b, c->conv_size,
+                                tail + (size_t)2 * P * HK);
+        }
+    } else { /* fla use_short_conv false: q, k, v = silu(projection) */
+        for (size_t i = 0; i < (size_t)N * HK; i++) q[i] = silu_f32(qr[i]), k[i] = silu_f32(kr[i]);
+        for (size_t i = 0; i < (size_t)N * HVV; i++) v[i] = silu_f32(vr[i]);
     }
 
     const float qscale = 1.0f / sqrtf((float)K);
@@ -187,32 +215,33 @@ static void kda_layer_forward(cpu_backend *b, int li, const step_item *items, in
             l2norm_f32(k + (size_t)t * HK + (size_t)h * K, K);
         }
 
-    /* recurrence: independent per (sequence, head) */
-#pragma omp parallel for schedule(dynamic) if ((long)N * H * K * V * 4 >= PAR_MIN_WORK)
-    for (int ih = 0; ih < n * H; ih++) {
-        const int i = ih / H, h = ih % H;
+    /* recurrence: independent per (sequence, value head) */
+#pragma omp parallel for schedule(dynamic) if ((long)N * HV * K * V * 4 >= PAR_MIN_WORK)
+    for (int ih = 0; ih < n * HV; ih++) {
+        const int i = ih / HV, h = ih % HV, hq = h / group;
         const int T = items[i].it->n_tokens;
         const size_t r0 = (size_t)off[i];
-        float *S = b->slots[items[i].slot].S + ((size_t)kl * H + h) * K * V;
-        const float *qh = q + r0 * HK + (size_t)h * K, *kh = k + r0 * HK + (size_t)h * K;
-        const float *gh = gk + r0 * HK + (size_t)h * K, *vh = v + r0 * HV + (size_t)h * V;
-        float *oh = o + r0 * HV + (size_t)h * V;
+        float *S = b->slots[items[i].slot].S + ((size_t)kl * HV + h) * K * V;
+        const float *qh = q + r0 * HK + (size_t)hq * K, *kh = k + r0 * HK + (size_t)hq * K;
+        const float *gh = gk + r0 * HVK + (size_t)h * K, *vh = v + r0 * HVV + (size_t)h * V;
+        float *oh = o + r0 * HVV + (size_t)h * V;
         if (T > KDA_CHUNK)
-            kda_chunked_f32(S, qh, kh, vh, gh, bt + r0 * H + h, oh, T, K, V, HK, HV, H, HV, KDA_CHUNK);
+            kda_chunked_strided_f32(S, qh, kh, vh, gh, bt + r0 * HV + h, oh, T, K, V, HK, HVK, HVV, HV, HVV,
+                                    KDA_CHUNK);
         else
-            kda_recurrent_f32(S, qh, kh, vh, gh, bt + r0 * H + h, oh, T, K, V, HK, HV, H, HV);
+            kda_recurrent_strided_f32(S, qh, kh, vh, gh, bt + r0 * HV + h, oh, T, K, V, HK, HVK, HVV, HV, HVV);
     }
 
     /* gated output norm: RMSNorm(o_h) * sigmoid(G_h) */
 #pragma omp parallel for schedule(static) if (par)
     for (int t = 0; t < N; t++)
-        for (int h = 0; h < H; h++) {
-            float *oh = o + (size_t)t * HV + (size_t)h * V;
-            const float *gh = G + (size_t)t * HV + (size_t)h * V;
+        for (int h = 0; h < HV; h++) {
+            float *oh = o + (size_t)t * HVV + (size_t)h * V;
+            const float *gh = G + (size_t)t * HVV + (size_t)h * V;
             rmsnorm_f32(oh, oh, lv->o_norm, V, c->norm_eps);
             for (int j = 0; j < V; j++) oh[j] *= sigmoid_f32(gh[j]);
         }
-    act_round(b, o, (size_t)N * HV);
+    act_round(b, o, (size_t)N * HVV);
     matmul_tv(out, o, &L->o, N);
     for (size_t i = 0; i < (size_t)N * D; i++) x[i] += out[i];
 }
@@ -232,6 +261,9 @@ static void gqa_layer_forward(cpu_backend *b, int li, const step_item *items, in
     matmul_tv(q, a, &L->q, N);
     matmul_tv(k, a, &L->k, N);
     matmul_tv(v, a, &L->v, N);
+    add_bias(q, lv->q_bias, N, QD);
+    add_bias(k, lv->k_bias, N, KD);
+    add_bias(v, lv->v_bias, N, KD);
     if (c->output_gate) matmul_tv(g, a, &L->gate, N);
 
     for (int i = 0; i < n; i++) {
@@ -242,11 +274,11 @@ static void gqa_layer_forward(cpu_backend *b, int li, const step_item *items, in
             const size_t r = (size_t)off[i] + t;
             float *qt = q + r * QD, *kt = k + r * KD;
             if (c->qk_norm) {
-                for (int h = 0; h < Hq; h++) rmsnorm_f32(qt + h * hd, qt + h * hd, lv->q_norm, hd, c->norm_eps);
-                for (int h = 0; h < Hkv; h++) rmsnorm_f32(kt + h * hd, kt + h * hd, lv->k_norm, hd, c->norm_eps);
+                for (int h = 0; h < Hq; h++) rmsnorm_f32(qt + h * hd, qt + h * hd, lv->q_norm, hd, c->qk_norm_eps);
+                for (int h = 0; h < Hkv; h++) rmsnorm_f32(kt + h * hd, kt + h * hd, lv->k_norm, hd, c->qk_norm_eps);
             }
-            rope_partial(qt, Hq, hd, c->rope_dim, pos0 + t, c->rope_theta);
-            rope_partial(kt, Hkv, hd, c->rope_dim, pos0 + t, c->rope_theta);
+            rope_freq(qt, Hq, hd, c->rope_dim, pos0 + t, c->rope_inv_freq);
+            rope_freq(kt, Hkv, hd, c->rope_dim, pos0 + t, c->rope_inv_freq);
             act_round(b, kt, (size_t)KD);
             act_round(b, v + r * KD, (size_t)KD);
             memcpy(kc + (size_t)(pos0 + t) * KD, kt, (size_t)KD * sizeof(float));
@@ -257,43 +289,118 @@ static void gqa_layer_forward(cpu_backend *b, int li, const step_item *items, in
     for (int i = 0; i < n; i++) {
         cpu_slot *s = &b->slots[items[i].slot];
         const size_t r0 = (size_t)off[i];
-        gqa_attention_f32(o + r0 * QD, q + r0 * QD, s->kc + (size_t)gl * b->cap * KD, s->vc + (size_t)gl * b->cap * KD,
-                          items[i].it->n_tokens, items[i].pos, Hq, Hkv, hd);
+        gqa_attention_window_f32(o + r0 * QD, q + r0 * QD, s->kc + (size_t)gl * b->cap * KD,
+                                 s->vc + (size_t)gl * b->cap * KD, items[i].it->n_tokens, items[i].pos, Hq, Hkv, hd,
+                                 c->window);
     }
     if (c->output_gate)
         for (size_t i = 0; i < (size_t)N * QD; i++) o[i] *= sigmoid_f32(g[i]);
     act_round(b, o, (size_t)N * QD);
     matmul_tv(out, o, &L->o, N);
+    add_bias(out, lv->o_bias, N, D);
     for (size_t i = 0; i < (size_t)N * D; i++) x[i] += out[i];
 }
 
-static void mlp_forward(cpu_backend *b, int li, int N, float *x, float *buf)
+/* x += MLP(m). normed: the MLP's input m [N, D] when the caller computed it
+ * (attnres), else NULL: m = RMSNorm(x; mlp_norm). */
+static void mlp_forward(cpu_backend *b, int li, int N, const float *normed, float *x, float *buf)
 {
     const model_config *c = b->c;
     const mlp *M = &b->w->layers[li].mlp;
+    const layer_vecs *lv = &b->vec[li];
     const int D = c->d, F = c->ffn;
     float *m = buf, *gt = m + (size_t)N * D, *up = gt + (size_t)N * F, *out = up + (size_t)N * F;
-    for (int t = 0; t < N; t++)
-        rmsnorm_f32(m + (size_t)t * D, x + (size_t)t * D, b->vec[li].mlp_norm, D, c->norm_eps);
+    if (normed) {
+        memcpy(m, normed, (size_t)N * D * sizeof(float));
+    } else {
+        for (int t = 0; t < N; t++)
+            rmsnorm_f32(m + (size_t)t * D, x + (size_t)t * D, lv->mlp_norm, D, c->norm_eps);
+    }
     act_round(b, m, (size_t)N * D);
     matmul_tv(gt, m, &M->gate, N);
     matmul_tv(up, m, &M->up, N);
+    add_bias(gt, lv->gate_bias, N, F);
+    add_bias(up, lv->up_bias, N, F);
     for (size_t i = 0; i < (size_t)N * F; i++) gt[i] = silu_f32(gt[i]) * up[i];
     act_round(b, gt, (size_t)N * F);
     matmul_tv(out, gt, &M->down, N);
+    add_bias(out, lv->down_bias, N, D);
     for (size_t i = 0; i < (size_t)N * D; i++) x[i] += out[i];
 }
 
 /* Floats of scratch one layer needs for N rows (max over layer kinds). */
 static size_t layer_scratch(const model_config *c, int N)
 {
-    size_t HK = (size_t)c->kda_h * c->kda_k, HV = (size_t)c->kda_h * c->kda_v;
-    size_t kda = (size_t)N * (4 * HK + 4 * HV + c->kda_v + HK + c->kda_h + c->d + HV);
+    size_t HK = (size_t)c->kda_h * c->kda_k, HVK = (size_t)c->kda_hv * c->kda_k, HVV = (size_t)c->kda_hv * c->kda_v;
+    size_t kda = (size_t)N * (4 * HK + 4 * HVV + c->kda_v + HVK + c->kda_hv + c->d);
     size_t QD = (size_t)c->gqa_h * c->gqa_hd, KD = (size_t)c->gqa_kvh * c->gqa_hd;
     size_t gqa = (size_t)N * (3 * QD + 2 * KD + c->d);
     size_t mlp = (size_t)N * (2 * (size_t)c->d + 2 * (size_t)c->ffn);
     size_t m = kda > gqa ? kda : gqa;
     return m > mlp ? m : mlp;
+}
+
+/* ---- fla attention residuals (KDAModel with attnres_block_size) ----
+ * Each sub-layer's input is RMSNorm(attnres(residual sources); its norm
+ * weight) instead of RMSNorm(h): the sources are the completed block sums
+ * (the embedding first) and the running partial sum, which x holds. Sub-layer
+ * s (2i attention, 2i+1 MLP) that starts a new block (s % block == 0) moves
+ * the partial sum into the sources first, and the partial sum restarts from
+ * zero. Layer 0's attention sees the embedding alone, where the softmax over
+ * one source is 1: plain RMSNorm, as fla special-cases it. The final norm
+ * reads attnres over the sources and the last partial sum. Per row, no state
+ * across tokens. */
+
+/* a[t] = RMSNorm(attnres(states[0..ns) ++ [x]); out_w) for all N rows */
+static void attnres_input(const cpu_backend *b, int N, const float *x, const float *states, int ns,
+                          const float *query, const float *key_w, const float *out_w, float *a)
+{
+    const int D = b->c->d;
+    const float *src[KDA_ATTNRES_MAX_SOURCES];
+    for (int t = 0; t < N; t++) {
+        for (int l = 0; l < ns; l++) src[l] = states + ((size_t)l * N + t) * D;
+        src[ns] = x + (size_t)t * D;
+        float *at = a + (size_t)t * D;
+        attnres_mix_f32(at, src, ns + 1, query, key_w, D, b->c->norm_eps);
+        rmsnorm_f32(at, at, out_w, D, b->c->norm_eps);
+    }
+}
+
+/* Sub-layer s starts a new block: the partial sum x becomes a source, x restarts at 0. */
+static void attnres_boundary(const cpu_backend *b, int s, int N, float *x, float *states, int *ns)
+{
+    if (s % b->c->attnres_block) return;
+    const size_t rows = (size_t)N * b->c->d;
+    memcpy(states + (size_t)(*ns)++ * rows, x, rows * sizeof(float));
+    memset(x, 0, rows * sizeof(float));
+}
+
+static void attnres_layers(cpu_backend *b, const step_item *items, int n, const int *off, int N, float *x, float *a,
+                           float *states, float *buf)
+{
+    const model_config *c = b->c;
+    int ns = 0;
+    for (int li = 0; li < c->n_layers; li++) {
+        const layer_vecs *lv = &b->vec[li];
+        /* the sources include x as it is before a boundary moves it: compute first */
+        attnres_input(b, N, x, states, ns, lv->ar_attn_q, lv->ar_attn_w, lv->attn_norm, a);
+        attnres_boundary(b, 2 * li, N, x, states, &ns);
+        if (c->kind[li] == KDA_LAYER_KDA)
+            kda_layer_forward(b, li, items, n, off, N, a, x, buf);
+        else
+            gqa_layer_forward(b, li, items, n, off, N, a, x, buf);
+        attnres_input(b, N, x, states, ns, lv->ar_mlp_q, lv->ar_mlp_w, lv->mlp_norm, a);
+        attnres_boundary(b, 2 * li + 1, N, x, states, &ns);
+        mlp_forward(b, li, N, a, x, buf);
+    }
+    /* the final mix replaces x; the output rows then apply the final norm */
+    const float *src[KDA_ATTNRES_MAX_SOURCES];
+    for (int t = 0; t < N; t++) {
+        for (int l = 0; l < ns; l++) src[l] = states + ((size_t)l * N + t) * c->d;
+        src[ns] = x + (size_t)t * c->d;
+        attnres_mix_f32(a + (size_t)t * c->d, src, ns + 1, b->ar_final_q, b->ar_final_w, c->d, c->norm_eps);
+    }
+    memcpy(x, a, (size_t)N * c->d * sizeof(float));
 }
 
 /* Writes the requested outputs of one row's logits. */
@@ -346,24 +453,29 @@ static int cpu_step(backend *bb, const step_item *items, int n, char *err, size_
         N += items[i].it->n_tokens;
     }
     off[n] = N;
-    size_t need = (size_t)2 * N * D + layer_scratch(c, N) + (size_t)LOGIT_ROWS * (D + vocab);
+    const size_t ar_floats = (size_t)b->ar_sources * N * D; /* attnres block sums */
+    size_t need = (size_t)2 * N * D + ar_floats + layer_scratch(c, N) + (size_t)LOGIT_ROWS * (D + vocab);
     float *x = scratch_get(b, need);
     if (!x) goto oom;
-    float *a = x + (size_t)N * D, *buf = a + (size_t)N * D;
+    float *a = x + (size_t)N * D, *states = a + (size_t)N * D, *buf = states + ar_floats;
 
     for (int i = 0; i < n; i++)
         for (int t = 0; t < items[i].it->n_tokens; t++)
             tv_row_f32(&b->w->embed, items[i].it->tokens[t], x + (size_t)(off[i] + t) * D);
 
-    for (int li = 0; li < c->n_layers; li++) {
-        const float *wn = b->vec[li].attn_norm;
-        for (int t = 0; t < N; t++) rmsnorm_f32(a + (size_t)t * D, x + (size_t)t * D, wn, D, c->norm_eps);
-        act_round(b, a, (size_t)N * D);
-        if (c->kind[li] == KDA_LAYER_KDA)
-            kda_layer_forward(b, li, items, n, off, N, a, x, buf);
-        else
-            gqa_layer_forward(b, li, items, n, off, N, a, x, buf);
-        mlp_forward(b, li, N, x, buf);
+    if (c->attnres_block) {
+        attnres_layers(b, items, n, off, N, x, a, states, buf);
+    } else {
+        for (int li = 0; li < c->n_layers; li++) {
+            const float *wn = b->vec[li].attn_norm;
+            for (int t = 0; t < N; t++) rmsnorm_f32(a + (size_t)t * D, x + (size_t)t * D, wn, D, c->norm_eps);
+            act_round(b, a, (size_t)N * D);
+            if (c->kind[li] == KDA_LAYER_KDA)
+                kda_layer_forward(b, li, items, n, off, N, a, x, buf);
+            else
+                gqa_layer_forward(b, li, items, n, off, N, a, x, buf);
+            mlp_forward(b, li, N, NULL, x, buf);
+        }
     }
 
     /* Output rows: all rows of items that want per-position outputs, else the last. */
@@ -396,10 +508,15 @@ static void cpu_destroy(backend *bb)
         for (int l = 0; l < b->c->n_layers; l++) {
             layer_vecs *v = &b->vec[l];
             free(v->attn_norm), free(v->mlp_norm), free(v->q_conv), free(v->k_conv), free(v->v_conv);
+            free(v->q_conv_b), free(v->k_conv_b), free(v->v_conv_b);
             free(v->A_log), free(v->dt_bias), free(v->g1_bias), free(v->o_norm), free(v->q_norm), free(v->k_norm);
+            free(v->q_bias), free(v->k_bias), free(v->v_bias), free(v->o_bias);
+            free(v->gate_bias), free(v->up_bias), free(v->down_bias);
+            free(v->ar_attn_q), free(v->ar_attn_w), free(v->ar_mlp_q), free(v->ar_mlp_w);
         }
     free(b->vec);
     free(b->final_norm);
+    free(b->ar_final_q), free(b->ar_final_w);
     free(b->slots);
     free(b->scratch);
     free(b->off);
@@ -438,28 +555,47 @@ int cpu_backend_create(backend **out, const backend_params *p, char *err, size_t
     b->off = malloc((size_t)(b->max_seqs + 1) * sizeof *b->off);
     b->sample_work = calloc(1, sampling_work_bytes(c->vocab));
     if (!b->slots || !b->vec || !b->final_norm || !b->off || !b->sample_work) goto oom;
+    /* every tensor the binding found, as fp32; a bound tensor that is not
+     * copied is out of memory (DUP fails only then: absent stays NULL) */
+#define DUP(dst, t) do { if ((t).data && !((dst) = vec_dup(&(t)))) goto oom; } while (0)
     for (int l = 0; l < c->n_layers; l++) {
         const layer_weights *L = &p->w->layers[l];
         layer_vecs *v = &b->vec[l];
-        v->attn_norm = vec_dup(&L->attn_norm);
-        v->mlp_norm = vec_dup(&L->mlp_norm);
-        if (!v->attn_norm || !v->mlp_norm) goto oom;
+        DUP(v->attn_norm, L->attn_norm);
+        DUP(v->mlp_norm, L->mlp_norm);
+        DUP(v->gate_bias, L->mlp.gate_bias);
+        DUP(v->up_bias, L->mlp.up_bias);
+        DUP(v->down_bias, L->mlp.down_bias);
+        DUP(v->ar_attn_q, L->attn_res.query);
+        DUP(v->ar_attn_w, L->attn_res.norm);
+        DUP(v->ar_mlp_q, L->mlp_res.query);
+        DUP(v->ar_mlp_w, L->mlp_res.norm);
         if (L->kind == KDA_LAYER_KDA) {
-            v->q_conv = vec_dup(&L->kda.q_conv);
-            v->k_conv = vec_dup(&L->kda.k_conv);
-            v->v_conv = vec_dup(&L->kda.v_conv);
-            v->A_log = vec_dup(&L->kda.A_log);
-            v->dt_bias = vec_dup(&L->kda.dt_bias);
-            v->g1_bias = vec_dup(&L->kda.g1_bias);
-            v->o_norm = vec_dup(&L->kda.o_norm);
-            if (!v->q_conv || !v->k_conv || !v->v_conv || !v->A_log || !v->dt_bias || !v->g1_bias || !v->o_norm)
-                goto oom;
-        } else if (c->qk_norm) {
-            v->q_norm = vec_dup(&L->gqa.q_norm);
-            v->k_norm = vec_dup(&L->gqa.k_norm);
-            if (!v->q_norm || !v->k_norm) goto oom;
+            const kda_layer *k = &L->kda;
+            DUP(v->q_conv, k->q_conv);
+            DUP(v->k_conv, k->k_conv);
+            DUP(v->v_conv, k->v_conv);
+            DUP(v->q_conv_b, k->q_conv_bias);
+            DUP(v->k_conv_b, k->k_conv_bias);
+            DUP(v->v_conv_b, k->v_conv_bias);
+            DUP(v->A_log, k->A_log);
+            DUP(v->dt_bias, k->dt_bias);
+            DUP(v->g1_bias, k->g1_bias);
+            DUP(v->o_norm, k->o_norm);
+        } else {
+            const gqa_layer *g = &L->gqa;
+            DUP(v->q_norm, g->q_norm);
+            DUP(v->k_norm, g->k_norm);
+            DUP(v->q_bias, g->q_bias);
+            DUP(v->k_bias, g->k_bias);
+            DUP(v->v_bias, g->v_bias);
+            DUP(v->o_bias, g->o_bias);
         }
     }
+    DUP(b->ar_final_q, p->w->res.query);
+    DUP(b->ar_final_w, p->w->res.norm);
+#undef DUP
+    if (c->attnres_block) b->ar_sources = (2 * c->n_layers - 1) / c->attnres_block + 1;
     *out = &b->base;
     return 0;
 oom:

@@ -104,11 +104,17 @@ void rmsnorm_f32(float *out, const float *x, const float *w, int n, float eps)
 
 void rope_partial(float *x, int nh, int hd, int rope_dim, int pos, double theta)
 {
+    double inv[KDA_MAX_HEAD_DIM / 2];
+    for (int i = 0; i < rope_dim / 2; i++) inv[i] = pow(theta, -2.0 * i / rope_dim);
+    rope_freq(x, nh, hd, rope_dim, pos, inv);
+}
+
+void rope_freq(float *x, int nh, int hd, int rope_dim, int pos, const double *inv_freq)
+{
     const int half = rope_dim / 2;
     for (int i = 0; i < half; i++) {
         /* angle in double: positions up to 1e6 times frequencies near 1 */
-        double inv = pow(theta, -2.0 * i / rope_dim);
-        double a = pos * inv;
+        double a = pos * inv_freq[i];
         float c = (float)cos(a), s = (float)sin(a);
         for (int h = 0; h < nh; h++) {
             float *v = x + (size_t)h * hd;
@@ -121,9 +127,16 @@ void rope_partial(float *x, int nh, int hd, int rope_dim, int pos, double theta)
 
 void short_conv_f32(float *y, const float *x, int T, int C, const float *w, int taps, float *tail)
 {
+    short_conv_bias_f32(y, x, T, C, w, NULL, taps, tail);
+}
+
+void short_conv_bias_f32(float *y, const float *x, int T, int C, const float *w, const float *bias, int taps,
+                         float *tail)
+{
     const int P = taps - 1; /* history length */
     for (int c = 0; c < C; c++) {
         const float *wc = w + (size_t)c * taps;
+        const float b0 = bias ? bias[c] : 0.0f;
         for (int t = 0; t < T; t++) {
             float s = 0.0f;
             for (int i = 0; i < taps; i++) {
@@ -131,7 +144,7 @@ void short_conv_f32(float *y, const float *x, int T, int C, const float *w, int 
                 float xv = src >= 0 ? x[(size_t)src * C + c] : tail[(size_t)(P + src) * C + c];
                 s += wc[i] * xv;
             }
-            y[(size_t)t * C + c] = silu_f32(s);
+            y[(size_t)t * C + c] = silu_f32(s + b0);
         }
     }
     /* new tail = last P raw inputs of (old tail ++ x) */
@@ -155,6 +168,18 @@ void kda_gate_f32(float *gk, const float *graw, const float *A_log, const float 
     }
 }
 
+void kda_gate_lb_f32(float *gk, const float *graw, const float *A_log, const float *dt_bias, int H, int K,
+                     float lower_bound)
+{
+    for (int h = 0; h < H; h++) {
+        float a = expf(A_log[h]);
+        for (int k = 0; k < K; k++) {
+            int c = h * K + k;
+            gk[c] = lower_bound * sigmoid_f32(a * (graw[c] + dt_bias[c]));
+        }
+    }
+}
+
 void l2norm_f32(float *x, int n)
 {
     double ss = 0.0;
@@ -169,7 +194,7 @@ void kda_step_f32(float *S, const float *q, const float *k, const float *v, cons
     /* Two passes over S instead of four (decay + S^T k, then write + read-out);
      * every element sees the same operations in the same order as the
      * four-pass spelling of MODEL_SPEC 3.6. */
-    float u[1024]; /* V <= 1024 (config limit) */
+    float u[KDA_MAX_HEAD_DIM]; /* V <= KDA_MAX_HEAD_DIM (config.c refuses wider) */
     for (int j = 0; j < V; j++) u[j] = 0.0f;
     for (int d = 0; d < K; d++) {
         const float a = expf(gk[d]), kd = k[d];
@@ -197,9 +222,16 @@ void kda_recurrent_f32(float *S, const float *q, const float *k, const float *v,
                        const float *beta, float *o, int T, int K, int V, int q_stride, int v_stride,
                        int beta_stride, int o_stride)
 {
+    kda_recurrent_strided_f32(S, q, k, v, gk, beta, o, T, K, V, q_stride, q_stride, v_stride, beta_stride, o_stride);
+}
+
+void kda_recurrent_strided_f32(float *S, const float *q, const float *k, const float *v, const float *gk,
+                               const float *beta, float *o, int T, int K, int V, int q_stride, int g_stride,
+                               int v_stride, int beta_stride, int o_stride)
+{
     for (int t = 0; t < T; t++)
         kda_step_f32(S, q + (size_t)t * q_stride, k + (size_t)t * q_stride, v + (size_t)t * v_stride,
-                     gk + (size_t)t * q_stride, beta[(size_t)t * beta_stride], o + (size_t)t * o_stride, K, V);
+                     gk + (size_t)t * g_stride, beta[(size_t)t * beta_stride], o + (size_t)t * o_stride, K, V);
 }
 
 /*
@@ -211,6 +243,14 @@ void kda_chunked_f32(float *S, const float *q, const float *k, const float *v, c
                      const float *beta, float *o, int T, int K, int V, int q_stride, int v_stride,
                      int beta_stride, int o_stride, int chunk)
 {
+    kda_chunked_strided_f32(S, q, k, v, gk, beta, o, T, K, V, q_stride, q_stride, v_stride, beta_stride, o_stride,
+                            chunk);
+}
+
+void kda_chunked_strided_f32(float *S, const float *q, const float *k, const float *v, const float *gk,
+                             const float *beta, float *o, int T, int K, int V, int q_stride, int g_stride,
+                             int v_stride, int beta_stride, int o_stride, int chunk)
+{
     const int Cn = chunk;
     float *Gam = malloc((size_t)Cn * K * sizeof(float));
     float *A = malloc((size_t)Cn * Cn * sizeof(float));     /* L, then (I+L)^-1 */
@@ -220,7 +260,7 @@ void kda_chunked_f32(float *S, const float *q, const float *k, const float *v, c
         const int n = T - t0 < Cn ? T - t0 : Cn;
 #define Q(r) (q + (size_t)(t0 + (r)) * q_stride)
 #define KK(r) (k + (size_t)(t0 + (r)) * q_stride)
-#define G(r) (gk + (size_t)(t0 + (r)) * q_stride)
+#define G(r) (gk + (size_t)(t0 + (r)) * g_stride)
 #define VV(r) (v + (size_t)(t0 + (r)) * v_stride)
 #define B(r) (beta[(size_t)(t0 + (r)) * beta_stride])
         for (int r = 0; r < n; r++)
@@ -296,17 +336,24 @@ void kda_chunked_f32(float *S, const float *q, const float *k, const float *v, c
 void gqa_attention_f32(float *o, const float *q, const float *kc, const float *vc, int T, int pos0, int Hq,
                        int Hkv, int hd)
 {
+    gqa_attention_window_f32(o, q, kc, vc, T, pos0, Hq, Hkv, hd, 0);
+}
+
+void gqa_attention_window_f32(float *o, const float *q, const float *kc, const float *vc, int T, int pos0, int Hq,
+                              int Hkv, int hd, int window)
+{
     const int group = Hq / Hkv;
     const float scale = 1.0f / sqrtf((float)hd);
-    float acc[1024]; /* hd <= 1024 (config limit) */
+    float acc[KDA_MAX_HEAD_DIM]; /* hd <= KDA_MAX_HEAD_DIM (config.c refuses wider) */
     for (int t = 0; t < T; t++) {
         const int n = pos0 + t + 1; /* causal: positions 0..pos0+t */
+        const int s0 = window > 0 && n > window ? n - window : 0; /* sliding window: the last `window` */
         for (int h = 0; h < Hq; h++) {
             const int kh = h / group;
             const float *qv = q + ((size_t)t * Hq + h) * hd;
             float m = -INFINITY, l = 0.0f;
             for (int i = 0; i < hd; i++) acc[i] = 0.0f;
-            for (int s = 0; s < n; s++) {
+            for (int s = s0; s < n; s++) {
                 const float *kv = kc + ((size_t)s * Hkv + kh) * hd, *vv = vc + ((size_t)s * Hkv + kh) * hd;
                 float a = 0.0f;
                 for (int i = 0; i < hd; i++) a += qv[i] * kv[i];
@@ -324,6 +371,28 @@ void gqa_attention_f32(float *o, const float *q, const float *kc, const float *v
             float *ov = o + ((size_t)t * Hq + h) * hd;
             for (int i = 0; i < hd; i++) ov[i] = acc[i] / l;
         }
+    }
+}
+
+void attnres_mix_f32(float *out, const float *const *src, int L, const float *query, const float *norm_w, int D,
+                     float eps)
+{
+    float logit[KDA_ATTNRES_MAX_SOURCES];
+    float m = -INFINITY;
+    for (int l = 0; l < L; l++) {
+        double ss = 0.0, dot = 0.0;
+        for (int i = 0; i < D; i++) ss += (double)src[l][i] * src[l][i];
+        const float r = (float)(1.0 / sqrt(ss / D + eps));
+        for (int i = 0; i < D; i++) dot += (double)(src[l][i] * r * norm_w[i]) * query[i];
+        logit[l] = (float)dot;
+        if (logit[l] > m) m = logit[l];
+    }
+    double z = 0.0;
+    for (int l = 0; l < L; l++) z += exp((double)(logit[l] - m));
+    for (int i = 0; i < D; i++) out[i] = 0.0f;
+    for (int l = 0; l < L; l++) {
+        const float p = (float)(exp((double)(logit[l] - m)) / z);
+        for (int i = 0; i < D; i++) out[i] += p * src[l][i];
     }
 }
 

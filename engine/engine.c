@@ -165,7 +165,7 @@ int kda_engine_open(kda_engine **out, const kda_engine_opts *o, char *err, size_
         snprintf(err, errlen, "out of memory");
         return KDA_ENOMEM;
     }
-    int rc = config_load(&e->cfg, o->model_dir, err, errlen);
+    int rc = config_load(&e->cfg, o->model_dir, o->config_map, err, errlen);
     if (rc) goto fail;
     rc = st_open_dir(&e->st, o->model_dir, err, errlen);
     if (rc) goto fail;

@@ -92,6 +92,8 @@ typedef struct {
     double gpu_mem_fraction;/* CUDA: fraction of free device memory for the pool (0 = 0.9) */
     const char *name_map;   /* optional name-map file (configs/), NULL = auto-detect scheme */
     const kda_tuning *tuning; /* NULL = kda_tuning_defaults */
+    const char *config_map; /* optional config map (configs/README.md): a file, or a folder whose
+                               *.configmap.json matching config.json's model_type is applied */
     int verbose;            /* print load progress to stderr */
 } kda_engine_opts;
 
@@ -244,7 +246,8 @@ const char *kda_strerror(int code);
 /* Describes a model directory (family, dims, layer kinds, tensor table,
  * parameter count, unused tensors) on out, as text or JSON, without creating
  * a backend. Returns the binding error (named tensor) if the model would not load. */
-int kda_inspect(const char *dir, const char *name_map, int json, FILE *out, char *err, size_t errlen);
+int kda_inspect(const char *dir, const char *name_map, const char *config_map, int json, FILE *out, char *err,
+                size_t errlen);
 
 #ifdef __cplusplus
 }

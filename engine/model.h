@@ -63,6 +63,23 @@ static inline void tv_row_f32(const tensor_view *t, int64_t r, float *out)
 }
 
 /* ---- config ---- */
+
+/* Widest head the engine takes (KDA key and value widths, attention head_dim):
+ * the per-head scratch of the CPU ops is sized by it. config.c refuses wider. */
+#define KDA_MAX_HEAD_DIM 1024
+
+/* The KDA decay gate (MODEL_SPEC 3.3; fla fla/ops/kda/gate.py), log space:
+ *   softplus:    gk = -exp(A_log[h]) * softplus(graw + dt_bias)
+ *   lower_bound: gk = lower_bound * sigmoid(exp(A_log[h]) * (graw + dt_bias)), in [lower_bound, 0)
+ * fla picks the second whenever lower_bound is set (safe_gate only selects a
+ * faster chunk kernel for the same math, and requires lower_bound). */
+typedef enum { KDA_GATE_SOFTPLUS = 0, KDA_GATE_LOWER_BOUND = 1 } kda_gate_kind;
+
+/* RoPE frequency schedules (transformers modeling_rope_utils): default
+ * theta^(-2i/dim); linear divides every frequency by factor; llama3 divides
+ * the low frequencies by factor and interpolates the middle band. */
+typedef enum { KDA_ROPE_DEFAULT = 0, KDA_ROPE_LINEAR = 1, KDA_ROPE_LLAMA3 = 2 } kda_rope_kind;
+
 typedef struct {
     kda_family family;
     int d;                 /* hidden_size */
@@ -74,35 +91,68 @@ typedef struct {
     int bos_id, eos_id;
     int max_pos;           /* max_position_embeddings */
     int byte_tokenizer;    /* "tokenizer": "bytes" */
+    int mlp_bias;          /* gate/up/down_proj carry a bias (llama mlp_bias) */
     /* KDA layers */
-    int kda_h, kda_k, kda_v;  /* heads, key width, value width per head */
+    int kda_h;                /* q/k heads */
+    int kda_hv;               /* value heads (fla num_v_heads): a multiple of kda_h; value
+                                 head j reads q/k head j / (kda_hv / kda_h) (fla GVA) */
+    int kda_k, kda_v;         /* key width, value width per head */
     int conv_size;            /* short conv taps (4) */
+    int short_conv;           /* 0: q, k, v = silu(projection), no conv (fla use_short_conv false) */
+    int conv_bias;            /* the short convs carry a bias per channel */
+    kda_gate_kind gate;
+    float gate_lower_bound;   /* KDA_GATE_LOWER_BOUND: the bound (< 0) */
+    int safe_gate;            /* recorded for inspect: fla's kernel choice, same math */
+    float beta_scale;         /* beta = beta_scale * sigmoid(b): 2 with allow_neg_eigval, else 1 */
     /* GQA layers */
     int gqa_h, gqa_kvh, gqa_hd;
     int rope_dim;             /* rotated dims per head (first rope_dim of hd) */
     double rope_theta;
+    kda_rope_kind rope_kind;
+    double rope_factor;       /* linear, llama3 */
+    double rope_low_freq_factor, rope_high_freq_factor, rope_orig_max_pos; /* llama3 */
+    double rope_inv_freq[KDA_MAX_HEAD_DIM / 2]; /* [rope_dim/2], from the above (config.c) */
     int qk_norm;              /* per-head RMSNorm on q and k */
+    float qk_norm_eps;        /* its eps (llama qk_norm_eps, else norm_eps) */
     int output_gate;          /* sigmoid output gate (g_proj or interleaved in q_proj) */
+    int qkv_bias;             /* q/k/v_proj carry a bias */
+    int o_bias;               /* o_proj carries a bias (llama attention_bias) */
+    int window;               /* sliding window W: token t attends t-W+1..t; 0 = all */
+    /* fla attention residuals (attnres_block_size): 0 off; else sub-layer s
+     * (2i attention, 2i+1 MLP) closes a block when s % attnres_block == 0 */
+    int attnres_block;
     kda_layer_kind kind[KDA_MAX_LAYERS];
 } model_config;
 
 /* Parses dir/config.json. Unknown keys and unsupported values are errors
- * naming the key. */
-int config_load(model_config *c, const char *dir, char *err, size_t errlen);
+ * naming the key. config_map: NULL, a config-map file, or a folder of them
+ * (configs/README.md): the map whose "model_type" matches config.json's
+ * rewrites its keys into the engine's before parsing. */
+int config_load(model_config *c, const char *dir, const char *config_map, char *err, size_t errlen);
 /* Same, from a JSON string (tests). */
 int config_parse(model_config *c, const char *json, char *err, size_t errlen);
+/* config_parse after the map file at map_path (tests). */
+int config_parse_mapped(model_config *c, const char *json, const char *map_path, char *err, size_t errlen);
+
+/* config_map.c: applies the config map at path to root (a parsed config.json)
+ * in place; *applied = 0 when path is a folder with no map for this model_type. */
+struct cJSON;
+int config_map_apply(struct cJSON *root, const char *path, int *applied, char *err, size_t errlen);
 
 /* ---- weights ---- */
+/* H q/k heads, HV value heads (= H unless GVA), K key width, V value width. */
 typedef struct {
-    tensor_view q, k, v;          /* [H*K, D], [H*K, D], [H*V, D] */
-    tensor_view q_conv, k_conv, v_conv; /* [H*K, conv], [H*K, conv], [H*V, conv] (stored [C,1,conv]) */
-    tensor_view f0, f1;           /* gate bottleneck: [V, D], [H*K, V] */
-    tensor_view b;                /* beta: [H, D] */
-    tensor_view A_log;            /* [H] */
-    tensor_view dt_bias;          /* [H*K] */
-    tensor_view g0, g1, g1_bias;  /* output gate: [V, D], [H*V, V], [H*V] */
+    tensor_view q, k, v;          /* [H*K, D], [H*K, D], [HV*V, D] */
+    tensor_view q_conv, k_conv, v_conv; /* [H*K, conv], [H*K, conv], [HV*V, conv] (stored [C,1,conv]);
+                                           absent when !short_conv */
+    tensor_view q_conv_bias, k_conv_bias, v_conv_bias; /* [H*K], [H*K], [HV*V] when conv_bias */
+    tensor_view f0, f1;           /* gate bottleneck: [V, D], [HV*K, V] */
+    tensor_view b;                /* beta: [HV, D] */
+    tensor_view A_log;            /* [HV] */
+    tensor_view dt_bias;          /* [HV*K] */
+    tensor_view g0, g1, g1_bias;  /* output gate: [V, D], [HV*V, V], [HV*V] */
     tensor_view o_norm;           /* [V] */
-    tensor_view o;                /* [D, H*V] */
+    tensor_view o;                /* [D, HV*V] */
 } kda_layer;
 
 typedef struct {
@@ -111,12 +161,22 @@ typedef struct {
     tensor_view k, v;             /* [Hkv*hd, D] */
     tensor_view o;                /* [D, Hq*hd] */
     tensor_view q_norm, k_norm;   /* [hd] or absent when !qk_norm */
+    tensor_view q_bias, k_bias, v_bias; /* [Hq*hd], [Hkv*hd], [Hkv*hd] when qkv_bias */
+    tensor_view o_bias;           /* [D] when o_bias */
 } gqa_layer;
 
 typedef struct {
     tensor_view gate, up;         /* [F, D] */
     tensor_view down;             /* [D, F] */
+    tensor_view gate_bias, up_bias, down_bias; /* [F], [F], [D] when mlp_bias */
 } mlp;
+
+/* fla attention residuals: a pseudo-query and a key RMSNorm weight before
+ * each sub-layer's input norm (and before the final norm, in model_weights). */
+typedef struct {
+    tensor_view query;            /* [1, D] (attn_res_proj / mlp_res_proj / res_proj .weight) */
+    tensor_view norm;             /* [D] */
+} attnres_weights;
 
 typedef struct {
     kda_layer_kind kind;
@@ -125,12 +185,14 @@ typedef struct {
     kda_layer kda;                /* valid when kind == KDA_LAYER_KDA */
     gqa_layer gqa;                /* valid when kind == KDA_LAYER_GQA */
     mlp mlp;
+    attnres_weights attn_res, mlp_res; /* when attnres_block */
 } layer_weights;
 
 typedef struct {
     tensor_view embed;            /* [vocab, D] */
     tensor_view final_norm;       /* [D] */
     tensor_view lm_head;          /* [vocab, D]; = embed when tied */
+    attnres_weights res;          /* when attnres_block */
     layer_weights *layers;        /* [n_layers] */
     int64_t n_params;             /* unique parameters (tied head counted once) */
     size_t bytes;                 /* bytes of all bound tensors as stored */
@@ -196,8 +258,8 @@ typedef struct {
 } backend_params;
 
 /* State sizes in floats, the one place they are computed (CPU slots, the
- * engine's info, the CUDA pool): per KDA layer the recurrent state S [H, K, V]
- * and the conv tails [taps-1, 2HK+HV]; per sequence both over all KDA layers;
+ * engine's info, the CUDA pool): per KDA layer the recurrent state S [HV, K, V]
+ * and the conv tails [taps-1, 2HK + HV*V]; per sequence both over all KDA layers;
  * the GQA KV cache of one token over all GQA layers. */
 static inline int model_n_kda_layers(const model_config *c)
 {
@@ -206,13 +268,15 @@ static inline int model_n_kda_layers(const model_config *c)
     return n;
 }
 static inline int model_n_gqa_layers(const model_config *c) { return c->n_layers - model_n_kda_layers(c); }
+/* the conv history a KDA layer keeps: the taps before the current token, none without a conv */
+static inline int model_conv_history(const model_config *c) { return c->short_conv ? c->conv_size - 1 : 0; }
 static inline size_t model_kda_layer_state_floats(const model_config *c)
 {
-    return (size_t)c->kda_h * c->kda_k * c->kda_v;
+    return (size_t)c->kda_hv * c->kda_k * c->kda_v;
 }
 static inline size_t model_kda_layer_tail_floats(const model_config *c)
 {
-    return (size_t)(c->conv_size - 1) * (2 * (size_t)c->kda_h * c->kda_k + (size_t)c->kda_h * c->kda_v);
+    return (size_t)model_conv_history(c) * (2 * (size_t)c->kda_h * c->kda_k + (size_t)c->kda_hv * c->kda_v);
 }
 static inline size_t model_state_floats(const model_config *c)
 {
@@ -227,6 +291,9 @@ int cpu_backend_create(backend **out, const backend_params *p, char *err, size_t
 /* Defined in kernels/ when built with CUDA; a stub returning KDA_EUNSUP otherwise. */
 int cuda_backend_create(backend **out, const backend_params *p, char *err, size_t errlen);
 int cuda_device_available(void);
+/* kernels/cuda_config.c: 0 if the CUDA kernels implement every option c uses,
+ * else KDA_EUNSUP and a message naming the first option they lack. */
+int cuda_config_check(const model_config *c, char *err, size_t errlen);
 
 #ifdef __cplusplus
 }

@@ -226,24 +226,32 @@ static int bind(binder *b, tensor_view *v, const char *canon, int optional, int 
 static int bind_kda(binder *b, kda_layer *L, const model_config *c, const char *pre)
 {
     char n[512];
-    const int D = c->d, H = c->kda_h, K = c->kda_k, V = c->kda_v, HK = H * K, HV = H * V;
+    const int64_t D = c->d, H = c->kda_h, HV = c->kda_hv, K = c->kda_k, V = c->kda_v, HK = H * K, HVK = HV * K,
+                  HVV = HV * V;
 #define NM(s) (snprintf(n, sizeof n, "%s%s", pre, s), n)
     TRY(bind(b, &L->q, NM("q_proj.weight"), 0, 2, HK, D, 0));
     TRY(bind(b, &L->k, NM("k_proj.weight"), 0, 2, HK, D, 0));
-    TRY(bind(b, &L->v, NM("v_proj.weight"), 0, 2, HV, D, 0));
-    TRY(bind(b, &L->q_conv, NM("q_conv1d.weight"), 0, 3, HK, 1, c->conv_size));
-    TRY(bind(b, &L->k_conv, NM("k_conv1d.weight"), 0, 3, HK, 1, c->conv_size));
-    TRY(bind(b, &L->v_conv, NM("v_conv1d.weight"), 0, 3, HV, 1, c->conv_size));
+    TRY(bind(b, &L->v, NM("v_proj.weight"), 0, 2, HVV, D, 0));
+    if (c->short_conv) {
+        TRY(bind(b, &L->q_conv, NM("q_conv1d.weight"), 0, 3, HK, 1, c->conv_size));
+        TRY(bind(b, &L->k_conv, NM("k_conv1d.weight"), 0, 3, HK, 1, c->conv_size));
+        TRY(bind(b, &L->v_conv, NM("v_conv1d.weight"), 0, 3, HVV, 1, c->conv_size));
+    }
+    if (c->short_conv && c->conv_bias) {
+        TRY(bind(b, &L->q_conv_bias, NM("q_conv1d.bias"), 0, 1, HK, 0, 0));
+        TRY(bind(b, &L->k_conv_bias, NM("k_conv1d.bias"), 0, 1, HK, 0, 0));
+        TRY(bind(b, &L->v_conv_bias, NM("v_conv1d.bias"), 0, 1, HVV, 0, 0));
+    }
     TRY(bind(b, &L->f0, NM("f_proj.0.weight"), 0, 2, V, D, 0));
-    TRY(bind(b, &L->f1, NM("f_proj.1.weight"), 0, 2, HK, V, 0));
-    TRY(bind(b, &L->b, NM("b_proj.weight"), 0, 2, H, D, 0));
-    TRY(bind(b, &L->A_log, NM("A_log"), 0, 1, H, 0, 0));
-    TRY(bind(b, &L->dt_bias, NM("dt_bias"), 0, 1, HK, 0, 0));
+    TRY(bind(b, &L->f1, NM("f_proj.1.weight"), 0, 2, HVK, V, 0));
+    TRY(bind(b, &L->b, NM("b_proj.weight"), 0, 2, HV, D, 0));
+    TRY(bind(b, &L->A_log, NM("A_log"), 0, 1, HV, 0, 0));
+    TRY(bind(b, &L->dt_bias, NM("dt_bias"), 0, 1, HVK, 0, 0));
     TRY(bind(b, &L->g0, NM("g_proj.0.weight"), 0, 2, V, D, 0));
-    TRY(bind(b, &L->g1, NM("g_proj.1.weight"), 0, 2, HV, V, 0));
-    TRY(bind(b, &L->g1_bias, NM("g_proj.1.bias"), 0, 1, HV, 0, 0));
+    TRY(bind(b, &L->g1, NM("g_proj.1.weight"), 0, 2, HVV, V, 0));
+    TRY(bind(b, &L->g1_bias, NM("g_proj.1.bias"), 0, 1, HVV, 0, 0));
     TRY(bind(b, &L->o_norm, NM("o_norm.weight"), 0, 1, V, 0, 0));
-    TRY(bind(b, &L->o, NM("o_proj.weight"), 0, 2, D, HV, 0));
+    TRY(bind(b, &L->o, NM("o_proj.weight"), 0, 2, D, HVV, 0));
 #undef NM
     return 0;
 }
@@ -256,6 +264,12 @@ static int bind_gqa(binder *b, gqa_layer *L, const model_config *c, const char *
     TRY(bind(b, &L->k, NM("k_proj.weight"), 0, 2, (int64_t)Hkv * hd, D, 0));
     TRY(bind(b, &L->v, NM("v_proj.weight"), 0, 2, (int64_t)Hkv * hd, D, 0));
     TRY(bind(b, &L->o, NM("o_proj.weight"), 0, 2, D, (int64_t)Hq * hd, 0));
+    if (c->qkv_bias) {
+        TRY(bind(b, &L->q_bias, NM("q_proj.bias"), 0, 1, (int64_t)Hq * hd, 0, 0));
+        TRY(bind(b, &L->k_bias, NM("k_proj.bias"), 0, 1, (int64_t)Hkv * hd, 0, 0));
+        TRY(bind(b, &L->v_bias, NM("v_proj.bias"), 0, 1, (int64_t)Hkv * hd, 0, 0));
+    }
+    if (c->o_bias) TRY(bind(b, &L->o_bias, NM("o_proj.bias"), 0, 1, D, 0, 0));
     if (c->qk_norm) {
         TRY(bind(b, &L->q_norm, NM("q_norm.weight"), 0, 1, hd, 0, 0));
         TRY(bind(b, &L->k_norm, NM("k_norm.weight"), 0, 1, hd, 0, 0));
@@ -286,6 +300,17 @@ static int bind_gqa(binder *b, gqa_layer *L, const model_config *c, const char *
     L->q.group_rows = L->gate.group_rows = hd;
     L->q.group_stride = L->gate.group_stride = 2 * hd;
     L->gate.data = (const char *)L->q.data + (size_t)hd * D * dtype_size(L->q.dtype);
+    return 0;
+}
+
+/* fla attnres: PREFIX_proj.weight [1, D] (the pseudo-query), PREFIX_norm.weight [D] */
+static int bind_attnres(binder *b, attnres_weights *a, const model_config *c, const char *prefix)
+{
+    char n[512];
+    snprintf(n, sizeof n, "%s_proj.weight", prefix);
+    TRY(bind(b, &a->query, n, 0, 2, 1, c->d, 0));
+    snprintf(n, sizeof n, "%s_norm.weight", prefix);
+    TRY(bind(b, &a->norm, n, 0, 1, c->d, 0, 0));
     return 0;
 }
 
@@ -342,7 +367,22 @@ int weights_bind(model_weights *w, const model_config *c, st_set *st, const char
         CHK(bind(&b, &L->mlp.up, n, 0, 2, c->ffn, D, 0));
         snprintf(n, sizeof n, "model.layers.%d.mlp.down_proj.weight", i);
         CHK(bind(&b, &L->mlp.down, n, 0, 2, D, c->ffn, 0));
+        if (c->mlp_bias) {
+            snprintf(n, sizeof n, "model.layers.%d.mlp.gate_proj.bias", i);
+            CHK(bind(&b, &L->mlp.gate_bias, n, 0, 1, c->ffn, 0, 0));
+            snprintf(n, sizeof n, "model.layers.%d.mlp.up_proj.bias", i);
+            CHK(bind(&b, &L->mlp.up_bias, n, 0, 1, c->ffn, 0, 0));
+            snprintf(n, sizeof n, "model.layers.%d.mlp.down_proj.bias", i);
+            CHK(bind(&b, &L->mlp.down_bias, n, 0, 1, D, 0, 0));
+        }
+        if (c->attnres_block) {
+            snprintf(pre, sizeof pre, "model.layers.%d.attn_res", i);
+            CHK(bind_attnres(&b, &L->attn_res, c, pre));
+            snprintf(pre, sizeof pre, "model.layers.%d.mlp_res", i);
+            CHK(bind_attnres(&b, &L->mlp_res, c, pre));
+        }
     }
+    if (c->attnres_block) CHK(bind_attnres(&b, &w->res, c, "model.res"));
 #undef CHK
     w->n_params = b.n_params;
     w->bytes = b.bytes;

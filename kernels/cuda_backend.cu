@@ -317,9 +317,14 @@ int cuda_backend_create(backend **out, const backend_params *p, char *err, size_
     const model_config *c = p->cfg;
     b->c = c;
     b->tn = p->tuning;
+    int rc = cuda_config_check(c, err, errlen); /* options the kernels do not compute: refused by name */
+    if (rc) {
+        free(b);
+        return rc;
+    }
     b->eps = c->norm_eps;
     b->base.destroy = cuda_destroy; /* for the fail path */
-    int rc = cp_dims_init(&b->d, c, p->w, p->max_seqs, p->max_seq_len, b->tn.prefill_rows, err, errlen);
+    rc = cp_dims_init(&b->d, c, p->w, p->max_seqs, p->max_seq_len, b->tn.prefill_rows, err, errlen);
     if (rc) goto fail;
     {
         /* the prefill kernels where they support the shapes (else prompt

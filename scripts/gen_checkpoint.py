@@ -6,6 +6,8 @@ MODEL_SPEC sections 5 and 6 (config.json + safetensors [+ tokenizer]).
     gen_checkpoint.py OUTDIR --preset llama-tiny      # same size, llama_kda family
     gen_checkpoint.py OUTDIR --preset 1.7b --tokenizer spm:/work/shared/data/llama2-tokenizer.model
     gen_checkpoint.py OUTDIR --preset 1.7b --dry-run  # tensor table + parameter count only
+    gen_checkpoint.py OUTDIR --preset tiny --v-heads 4 --lower-bound -5 --safe-gate --window 8
+                                                      # the fla options (MODEL_SPEC 5a), see --help
 
 Weights are random but shaped like a trained model's so logits are not
 degenerate: projections ~ N(0, 1/fan_in), output projections 1.5x that
@@ -61,7 +63,12 @@ PRESETS = {
                      rope_dim=128, rope_theta=1e6, tied=True, dtype="bf16", max_pos=4096, tokenizer=None),
 }
 DEFAULTS = dict(PRESETS["tiny"], scheme="fla", gate="separate", shards=1, seed=0, conv_size=4,
-                norm_eps=1e-6, bos=1, eos=2)
+                norm_eps=1e-6, bos=1, eos=2,
+                # options of fla's KDAConfig / Mercity's LlamaKDAConfig (off by default)
+                v_heads=None, no_short_conv=False, conv_bias=False, lower_bound=None, safe_gate=False,
+                neg_eigval=False, qkv_bias=False, window=0, attnres=0, mlp_bias=False, attn_style="dm",
+                no_qk_norm=False, qk_norm_eps=None, rope_type="default", rope_factor=2.0, rope_low=1.0,
+                rope_high=4.0, rope_orig=16, config_style="engine", layout="types")
 
 
 # ---- the tensor table -------------------------------------------------------
@@ -90,8 +97,9 @@ def tensor_table(c):
     out = []
     D, F = c.d, c.ffn
     H, K = c.heads, c.head_dim
+    HVh = c.v_heads or H                     # value heads (GVA when > H)
     V = int(round(c.head_dim * c.expand_v))
-    HK, HV = H * K, H * V
+    HK, HV, HVK = H * K, HVh * V, HVh * K
     Hq, Hkv, hd = c.gqa_heads, c.gqa_kv_heads, c.gqa_head_dim
     emb_sigma = min(0.5, 3.0 / math.sqrt(D))  # tied head: logits ~ 3 * |normed h| / sqrt(D)
     llama = c.family == "llama_kda"
@@ -103,8 +111,9 @@ def tensor_table(c):
     fla_emb = "model.embeddings.weight" if not llama else "model.embed_tokens.weight"
     add("model.embed_tokens.weight" if hf else "model.embeddings.weight", (c.vocab, D),
         ("normal", emb_sigma), fla_emb)
+    kinds = layer_kinds(c)
     for i in range(c.layers):
-        kind = c.pattern[i % len(c.pattern)]
+        kind = kinds[i]
         p = "model.layers.%d." % i
         cp = p  # canonical (seed) names: fla scheme for kda, HF for llama_kda
         n_attn_norm = "input_layernorm" if hf else "attn_norm"
@@ -118,15 +127,20 @@ def tensor_table(c):
             m, cm = (mix + "kda.", cmix + "kda.") if llama else (mix, cmix)
             kda = [("q_proj.weight", (HK, D), lin(D)),
                    ("k_proj.weight", (HK, D), lin(D)),
-                   ("v_proj.weight", (HV, D), lin(D)),
-                   ("q_conv1d.weight", (HK, 1, c.conv_size), ("normal", 0.3)),
-                   ("k_conv1d.weight", (HK, 1, c.conv_size), ("normal", 0.3)),
-                   ("v_conv1d.weight", (HV, 1, c.conv_size), ("normal", 0.3)),
-                   ("f_proj.0.weight", (V, D), lin(D)),
-                   ("f_proj.1.weight", (HK, V), lin(V)),
-                   ("b_proj.weight", (H, D), lin(D)),
-                   ("A_log", (H,), ("alog",)),
-                   ("dt_bias", (HK,), ("dtbias",)),
+                   ("v_proj.weight", (HV, D), lin(D))]
+            if not c.no_short_conv:
+                kda += [("q_conv1d.weight", (HK, 1, c.conv_size), ("normal", 0.3)),
+                        ("k_conv1d.weight", (HK, 1, c.conv_size), ("normal", 0.3)),
+                        ("v_conv1d.weight", (HV, 1, c.conv_size), ("normal", 0.3))]
+                if c.conv_bias:
+                    kda += [("q_conv1d.bias", (HK,), ("normal", 0.2)), ("k_conv1d.bias", (HK,), ("normal", 0.2)),
+                            ("v_conv1d.bias", (HV,), ("normal", 0.2))]
+            kda += [("f_proj.0.weight", (V, D), lin(D)),
+                   ("f_proj.1.weight", (HVK, V), lin(V)),
+                   ("b_proj.weight", (HVh, D), lin(D)),
+                   # lower-bound gate: fla initialises A_log to 0; spread it a little
+                   ("A_log", (HVh,), ("normal", 0.5) if c.lower_bound is not None else ("alog",)),
+                   ("dt_bias", (HVK,), ("dtbias",)),
                    ("g_proj.0.weight", (V, D), lin(D)),
                    ("g_proj.1.weight", (HV, V), lin(V)),
                    ("g_proj.1.bias", (HV,), ("normal", 0.1)),
@@ -135,7 +149,8 @@ def tensor_table(c):
             for n, sh, init in kda:
                 add(m + n, sh, init, cm + n)
         elif kind == "G":
-            gate = not llama
+            gate = not llama and c.attn_style == "dm"
+            qk_norm = not c.no_qk_norm and (llama or c.attn_style == "dm")
             if gate and c.gate == "interleaved":
                 t = T(mix + "q_proj.weight", (2 * Hq * hd, D), None,
                       parts=[T(mix + "q", (Hq * hd, D), lin(D), cmix + "q_proj.weight"),
@@ -149,14 +164,29 @@ def tensor_table(c):
             if gate and c.gate == "separate":
                 add(mix + "g_proj.weight", (Hq * hd, D), lin(D), cmix + "g_proj.weight")
             add(mix + "o_proj.weight", (D, Hq * hd), lin(Hq * hd, OUT_SCALE), cmix + "o_proj.weight")
-            add(mix + "q_norm.weight", (hd,), ("norm",), cmix + "q_norm.weight")
-            add(mix + "k_norm.weight", (hd,), ("norm",), cmix + "k_norm.weight")
+            if c.qkv_bias:
+                for n, rows in (("q", Hq * hd), ("k", Hkv * hd), ("v", Hkv * hd)):
+                    add(mix + n + "_proj.bias", (rows,), ("normal", 0.3), cmix + n + "_proj.bias")
+                if llama:  # LlamaAttention's attention_bias covers o_proj too
+                    add(mix + "o_proj.bias", (D,), ("normal", 0.1), cmix + "o_proj.bias")
+            if qk_norm:
+                add(mix + "q_norm.weight", (hd,), ("norm",), cmix + "q_norm.weight")
+                add(mix + "k_norm.weight", (hd,), ("norm",), cmix + "k_norm.weight")
         else:
             raise SystemExit("--pattern: unknown layer kind %r (use K for KDA, G for attention)" % kind)
         add(p + n_mlp_norm + ".weight", (D,), ("norm",), cp + c_mlp_norm + ".weight")
         for n, sh, init in [("gate_proj", (F, D), lin(D)), ("up_proj", (F, D), lin(D)),
                             ("down_proj", (D, F), lin(F, OUT_SCALE))]:
             add(p + "mlp." + n + ".weight", sh, init, p + "mlp." + n + ".weight")
+            if c.mlp_bias:
+                add(p + "mlp." + n + ".bias", sh[:1], ("normal", 0.1), p + "mlp." + n + ".bias")
+        if c.attnres:  # fla attention residuals: pseudo-queries and key norms per sub-layer
+            for n in ("attn_res", "mlp_res"):
+                add(p + n + "_proj.weight", (1, D), lin(D, 2.0), p + n + "_proj.weight")
+                add(p + n + "_norm.weight", (D,), ("norm",), p + n + "_norm.weight")
+    if c.attnres:
+        add("model.res_proj.weight", (1, D), lin(D, 2.0), "model.res_proj.weight")
+        add("model.res_norm.weight", (D,), ("norm",), "model.res_norm.weight")
     add("model.norm.weight", (D,), ("norm",), "model.norm.weight")
     if not c.tied:
         add("lm_head.weight", (c.vocab, D), ("normal", emb_sigma), "lm_head.weight")
@@ -240,8 +270,24 @@ def num(x):
     return int(x) if float(x).is_integer() else float(x)
 
 
+def layer_kinds(c):
+    """K/G per layer: the pattern repeated, or (llama_kda --layout every/range/kda_every)
+    what Mercity's layout rule gives."""
+    n = c.layers
+    kind, *arg = c.layout.split(":")
+    if kind == "every":
+        return ["G" if (i + 1) % int(arg[0]) == 0 else "K" for i in range(n)]
+    if kind == "range":
+        return ["G" if int(arg[0]) <= i < int(arg[1]) else "K" for i in range(n)]
+    if kind == "kda_every":
+        e, off = int(arg[0]), int(arg[1]) if len(arg) > 1 else 0
+        return ["K" if i % e == off % e else "G" for i in range(n)]
+    return [c.pattern[i % len(c.pattern)] for i in range(n)]
+
+
 def make_config(c):
-    kinds = [c.pattern[i % len(c.pattern)] for i in range(c.layers)]
+    kinds = layer_kinds(c)
+    tools = c.config_style == "tools"
     if c.family == "llama_kda":
         cfg = {
             "model_type": "llama_kda",
@@ -253,27 +299,73 @@ def make_config(c):
             "bos_token_id": c.bos, "eos_token_id": c.eos, "hidden_act": "silu",
             "kda_layer_types": ["kda" if k == "K" else "full" for k in kinds],
             "kda_num_heads": c.heads, "kda_head_dim": c.head_dim, "kda_conv_size": c.conv_size,
-            "qk_norm": True,
+            "qk_norm": not c.no_qk_norm,
         }
+        opts = {"kda_num_v_heads": c.v_heads, "kda_expand_v": num(c.expand_v) if c.expand_v != 1 else None,
+                "kda_use_short_conv": False if c.no_short_conv else None, "kda_conv_bias": c.conv_bias or None,
+                "kda_allow_neg_eigval": c.neg_eigval or None, "kda_lower_bound": c.lower_bound,
+                "kda_safe_gate": c.safe_gate or None, "qk_norm_eps": c.qk_norm_eps,
+                "attention_bias": c.qkv_bias or None, "mlp_bias": c.mlp_bias or None}
+        if c.rope_type != "default":
+            rs = {"rope_type": c.rope_type, "factor": c.rope_factor}
+            if c.rope_type == "llama3":
+                rs.update(low_freq_factor=c.rope_low, high_freq_factor=c.rope_high,
+                          original_max_position_embeddings=c.rope_orig)
+            opts["rope_scaling"] = rs
+        if tools:  # what transformers 5 + Mercity's LlamaKDAConfig write: every key, the 5.x rope form
+            rp = dict(opts.pop("rope_scaling", None) or {"rope_type": "default"}, rope_theta=float(c.rope_theta))
+            del cfg["rope_theta"]
+            cfg.update({"architectures": ["LlamaKDA"], "attention_bias": False, "attention_dropout": 0.0,
+                        "dtype": {"bf16": "bfloat16", "f16": "float16"}.get(c.dtype, "float32"),
+                        "initializer_range": 0.02, "mlp_bias": False, "pad_token_id": None,
+                        "pretraining_tp": 1, "rope_parameters": rp, "transformers_version": "5.17.0",
+                        "use_cache": True, "kda_full_attn_layers": None, "kda_full_attn_every": None,
+                        "kda_full_attn_range": None, "kda_every": None, "kda_offset": 0, "kda_num_v_heads": None,
+                        "kda_expand_v": 1.0, "kda_use_short_conv": True, "kda_conv_bias": False,
+                        "kda_allow_neg_eigval": False, "kda_lower_bound": None, "kda_safe_gate": False,
+                        "qk_norm_eps": None})
+        cfg.update({k: v for k, v in opts.items() if v is not None})
+        kind, *arg = c.layout.split(":")
+        if kind != "types":  # the layout keys instead of the resolved list
+            del cfg["kda_layer_types"]
+            if kind == "every":
+                cfg["kda_full_attn_every"] = int(arg[0])
+            elif kind == "range":
+                cfg["kda_full_attn_range"] = [int(arg[0]), int(arg[1])]
+            elif kind == "kda_every":
+                cfg["kda_every"], cfg["kda_offset"] = int(arg[0]), int(arg[1]) if len(arg) > 1 else 0
+            elif kind == "list":
+                cfg["kda_full_attn_layers"] = [i for i, k in enumerate(kinds) if k == "G"]
     else:
+        dm = c.attn_style == "dm"
+        attn = {
+            "layers": [i for i, k in enumerate(kinds) if k == "G"],
+            "num_heads": c.gqa_heads, "num_kv_heads": c.gqa_kv_heads,
+            "qkv_bias": bool(c.qkv_bias), "rope_theta": float(c.rope_theta),
+            "window_size": c.window or None,
+        }
+        if dm:  # the DM card's layout: explicit head_dim, qk-norm, partial RoPE, output gate
+            attn.update({"head_dim": c.gqa_head_dim, "qk_norm": not c.no_qk_norm,
+                         "partial_rotary_factor": num(c.rope_dim / c.gqa_head_dim), "output_gate": True})
         cfg = {
             "model_type": "kda",
             "hidden_size": c.d, "num_hidden_layers": c.layers,
             "num_heads": c.heads, "head_dim": c.head_dim, "expand_v": num(c.expand_v),
-            "use_short_conv": True, "conv_size": c.conv_size,
+            "use_short_conv": not c.no_short_conv, "conv_size": c.conv_size,
             "intermediate_size": c.ffn, "hidden_act": "swish", "norm_eps": c.norm_eps,
             "vocab_size": c.vocab, "tie_word_embeddings": bool(c.tied),
             "bos_token_id": c.bos, "eos_token_id": c.eos, "max_position_embeddings": c.max_pos,
-            "allow_neg_eigval": False, "safe_gate": False, "lower_bound": None,
-            "attn": {
-                "layers": [i for i, k in enumerate(kinds) if k == "G"],
-                "num_heads": c.gqa_heads, "num_kv_heads": c.gqa_kv_heads,
-                "head_dim": c.gqa_head_dim, "qkv_bias": False, "qk_norm": True,
-                "rope_theta": float(c.rope_theta),
-                "partial_rotary_factor": num(c.rope_dim / c.gqa_head_dim),
-                "output_gate": True, "window_size": None,
-            },
+            "allow_neg_eigval": bool(c.neg_eigval), "safe_gate": bool(c.safe_gate), "lower_bound": c.lower_bound,
+            "attn": attn if attn["layers"] or not tools else None,
         }
+        opts = {"num_v_heads": c.v_heads, "conv_bias": c.conv_bias or None, "attnres_block_size": c.attnres or None}
+        if tools:  # every key fla 0.5.2's KDAForCausalLM.save_pretrained writes (transformers 5.17)
+            cfg.update({"architectures": ["KDAForCausalLM"], "attn_mode": "chunk", "attnres_block_size": None,
+                        "dtype": {"bf16": "bfloat16", "f16": "float16"}.get(c.dtype, "float32"),
+                        "fuse_cross_entropy": True, "fuse_norm": True, "fuse_swiglu": True, "hidden_ratio": 4,
+                        "initializer_range": 0.02, "num_v_heads": None, "pad_token_id": None,
+                        "transformers_version": "5.17.0", "use_cache": True, "use_l2warp": False})
+        cfg.update({k: v for k, v in opts.items() if v is not None})
     if c.tokenizer == "bytes":
         cfg["tokenizer"] = "bytes"
     return cfg
@@ -312,6 +404,30 @@ def parse_args(argv):
     ap.add_argument("--seed", type=int)
     ap.add_argument("--tokenizer", help="bytes | spm:PATH | none")
     ap.add_argument("--max-pos", type=int)
+    o = ap.add_argument_group("fla KDAConfig / Mercity LlamaKDAConfig options (MODEL_SPEC 5a, 6)")
+    o.add_argument("--v-heads", type=int, help="KDA value heads (GVA: a multiple of --heads)")
+    o.add_argument("--no-short-conv", action="store_const", const=True, help="use_short_conv false")
+    o.add_argument("--conv-bias", action="store_const", const=True, help="short convs with a bias")
+    o.add_argument("--lower-bound", type=float, help="the lower-bound decay gate (e.g. -5)")
+    o.add_argument("--safe-gate", action="store_const", const=True, help="safe_gate true (needs --lower-bound)")
+    o.add_argument("--neg-eigval", action="store_const", const=True, help="allow_neg_eigval: beta x 2")
+    o.add_argument("--qkv-bias", action="store_const", const=True,
+                   help="attention q/k/v biases (llama_kda: attention_bias, o_proj too)")
+    o.add_argument("--window", type=int, help="sliding attention window (kda family)")
+    o.add_argument("--attnres", type=int, help="attnres_block_size (1 or even; kda family)")
+    o.add_argument("--mlp-bias", action="store_const", const=True, help="MLP biases (llama_kda)")
+    o.add_argument("--attn-style", choices=["dm", "fla"],
+                   help="kda attention: dm (gate, qk-norm, partial RoPE) or fla's own (none; hd = d/heads)")
+    o.add_argument("--no-qk-norm", action="store_const", const=True)
+    o.add_argument("--qk-norm-eps", type=float, help="llama_kda qk_norm_eps")
+    o.add_argument("--rope-type", choices=["default", "linear", "llama3"], help="llama_kda RoPE scaling")
+    o.add_argument("--rope-factor", type=float)
+    o.add_argument("--rope-low", type=float, help="llama3 low_freq_factor")
+    o.add_argument("--rope-high", type=float, help="llama3 high_freq_factor")
+    o.add_argument("--rope-orig", type=int, help="llama3 original_max_position_embeddings")
+    o.add_argument("--config-style", choices=["engine", "tools"],
+                   help="tools: every key fla / transformers 5 write, as they write them")
+    o.add_argument("--layout", help="llama_kda layout keys: types | list | every:N | range:A:B | kda_every:N[:OFF]")
     ap.add_argument("--dry-run", action="store_true", help="print the tensor table and count, write nothing")
     a = ap.parse_args(argv)
 
@@ -334,6 +450,19 @@ def parse_args(argv):
             ap.error("llama_kda attention has no output gate (no --gate)")
     if c.tokenizer == "none":
         c.tokenizer = None
+    if c.family == "kda" and c.attn_style == "fla":  # fla's Attention: hd = d / heads, full RoPE
+        c.gqa_head_dim = c.d // c.gqa_heads
+        c.rope_dim = c.gqa_head_dim
+    if c.v_heads and c.v_heads % c.heads:
+        ap.error("--v-heads must be a multiple of --heads")
+    if c.safe_gate and c.lower_bound is None:
+        ap.error("--safe-gate needs --lower-bound")
+    if c.attnres and c.attnres != 1 and c.attnres % 2:
+        ap.error("--attnres must be 1 or even")
+    if c.family == "kda" and (c.mlp_bias or c.rope_type != "default"):
+        ap.error("--mlp-bias and --rope-type are llama_kda options")
+    if c.family == "llama_kda" and (c.window or c.attnres):
+        ap.error("--window and --attnres are kda-family options")
     if not c.outdir and not c.dry_run:
         ap.error("OUTDIR is required unless --dry-run")
     if c.rope_dim % 2 or c.rope_dim > c.gqa_head_dim:

@@ -1,4 +1,4 @@
-# Sourced by scripts/gpu-session.sh and scripts/gpu-variants.sh on the GPU
+# Sourced by scripts/gpu-session.sh, gpu-variants.sh and gpu-fixtures.sh on the GPU
 # machine: repo root, output folders, the programs carried by gpu-prepare.sh.
 #   OUT  what the device tool brings back (at most 8 files: logs go to LOG, packed)
 #   B    the carried build tree;  M17  where the 1.7B-shaped checkpoint is generated

@@ -29,7 +29,7 @@
 #endif
 
 typedef struct {
-    const char *model, *model_name, *host, *device, *api_key, *api_key_file;
+    const char *model, *model_name, *host, *device, *api_key, *api_key_file, *name_map, *config_map;
     int no_webui;
     int port, max_batch, max_queue, max_seq_len, threads, http_threads, step_tokens, step_tokens_idle, prefill_chunk;
     double grace_s, heartbeat_s, gpu_mem_fraction;
@@ -44,6 +44,9 @@ static void usage(FILE *f)
         "\n"
         "  --model DIR            checkpoint directory (default: $KDA_MODEL, else %s)\n"
         "  --model-name NAME      name served by /v1/models (default: the directory's name)\n"
+        "  --name-map FILE        tensor names of another layout (configs/README.md)\n"
+        "  --config-map PATH      config.json keys of another layout: a map file, or a folder of\n"
+        "                         *.configmap.json chosen by model_type (configs/README.md)\n"
         "  --host ADDR            address to listen on (default 127.0.0.1)\n"
         "  --port N               port, 0 = any free one (default 8080)\n"
         "  --device cpu|cuda|auto engine device (default cpu)\n"
@@ -127,6 +130,8 @@ static int parse_flags(int argc, char **argv, flags *f)
         int rc = 0;
         if (!strcmp(a, "--model")) f->model = v;
         else if (!strcmp(a, "--model-name")) f->model_name = v;
+        else if (!strcmp(a, "--name-map")) f->name_map = v;
+        else if (!strcmp(a, "--config-map")) f->config_map = v;
         else if (!strcmp(a, "--host")) f->host = v;
         else if (!strcmp(a, "--device")) {
             if (strcmp(v, "cpu") && strcmp(v, "cuda") && strcmp(v, "auto")) {
@@ -290,6 +295,7 @@ int main(int argc, char **argv)
     }
     kda_engine_opts eo = {.model_dir = model, .device = f.device, .threads = f.threads, .max_seqs = f.max_batch,
                           .max_seq_len = f.max_seq_len, .gpu_mem_fraction = f.gpu_mem_fraction,
+                          .name_map = f.name_map, .config_map = f.config_map,
                           .tuning = &f.tuning, .verbose = srv_log_level >= SRV_LOG_DEBUG};
     int erc = kda_engine_open(&e, &eo, err, sizeof err);
     if (erc) {
