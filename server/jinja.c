@@ -802,7 +802,11 @@ static const char *parse_body(parser *P, nodevec *out, const char *const *stops)
     for (;;) {
         token *t = next_tok(P);
         if (t->type == T_EOF) {
-            if (stops[0]) fail(P->f, "unexpected end of template: missing {%% %s %%}", stops[0]);
+            if (stops[0]) {
+                int last = 0;
+                while (stops[last + 1]) last++;
+                fail(P->f, "unexpected end of template: missing {%% %s %%}", stops[last]);
+            }
             P->depth--;
             return NULL;
         }
