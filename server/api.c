@@ -110,6 +110,12 @@ static char *utf8_clean(const char *s, size_t n)
     return out;
 }
 
+/* cJSON_CreateIntArray gives NULL (and the member is dropped) for no ids. */
+static cJSON *int_array(const int32_t *ids, int n)
+{
+    return n > 0 ? cJSON_CreateIntArray((const int *)ids, n) : cJSON_CreateArray();
+}
+
 static void add_text(cJSON *obj, const char *name, const char *s, size_t n)
 {
     char *clean = utf8_clean(s ? s : "", s ? n : 0);
@@ -142,6 +148,14 @@ static size_t token_text(const api_ctx *ctx, int32_t id, char *buf, size_t cap)
 }
 
 /* ---- field readers: NULL / 0 when absent, -1 with a message when invalid ---- */
+
+/* "prompt[3]" -> "prompt": error.param names the request field. */
+static const char *field_root(const char *name, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "%.*s", (int)strcspn(name, "["), name);
+    return buf;
+}
+
 
 static cJSON *field(const cJSON *o, const char *name)
 {
@@ -191,8 +205,9 @@ static int get_tokens(const api_ctx *ctx, const cJSON *arr, const char *name, in
         double x = it->valuedouble;
         if (!cJSON_IsNumber(it) || x != floor(x) || x < 0 || x >= ctx->vocab_size) {
             free(out);
-            return fail_p(e, 400, name, "\"%s[%d]\" must be an integer token id in [0, %d]", name, i,
-                          ctx->vocab_size - 1);
+            char root[48];
+            return fail_p(e, 400, field_root(name, root, sizeof root), "\"%s[%d]\" must be an integer token id in [0, %d]",
+                          name, i, ctx->vocab_size - 1);
         }
         out[i++] = (int32_t)x;
     }
@@ -484,6 +499,7 @@ static int copy_stops_and_bias(sched_task *t, const gen_params *g)
 static int read_input(const api_ctx *ctx, const cJSON *v, const char *name, int add_bos, int bos_given,
                       input *in, api_error *e)
 {
+    char root[48];
     if (cJSON_IsString(v)) {
         if (encode(ctx, v->valuestring, add_bos, &in->ids, &in->n, e)) return -1;
         in->text = strdup(v->valuestring);
@@ -501,7 +517,7 @@ static int read_input(const api_ctx *ctx, const cJSON *v, const char *name, int 
         char err[256];
         if (tok_decode(ctx->tok, in->ids, in->n, &in->text, err, sizeof err) != 0) in->text = NULL;
     } else {
-        return fail(e, 400, "\"%s\" must be a string or an array of token ids", name);
+        return fail_p(e, 400, field_root(name, root, sizeof root), "\"%s\" must be a string or an array of token ids", name);
     }
     if (!in->text) in->text = strdup("");
     return in->text ? 0 : fail(e, 500, "out of memory");
@@ -517,7 +533,7 @@ static int read_input_list(const api_ctx *ctx, const cJSON *arr, const char *fie
     cJSON_ArrayForEach(it, arr) {
         char name[48];
         snprintf(name, sizeof name, "%s[%d]", field, i);
-        if (strings_only && !cJSON_IsString(it)) return fail(e, 400, "\"%s\" must be a string", name);
+        if (strings_only && !cJSON_IsString(it)) return fail_p(e, 400, field, "\"%s\" must be a string", name);
         if (read_input(ctx, it, name, add_bos, bos_given, &ins[i], e)) return -1;
         i++;
     }
@@ -531,11 +547,28 @@ static void inputs_free(input *ins, int n)
     free(ins);
 }
 
+/* One model per server: a request naming another one is a 404, as vLLM
+ * answers. Fields read only to be ignored (user, parallel_tool_calls) still
+ * get their type checked, so a malformed request is never a 200. */
+static int check_model(const api_ctx *ctx, const cJSON *o, api_error *e)
+{
+    const cJSON *u = field(o, "user"), *ptc = field(o, "parallel_tool_calls");
+    if (u && !cJSON_IsString(u)) return fail_p(e, 400, "user", "\"user\" must be a string");
+    if (ptc && !cJSON_IsBool(ptc)) return fail_p(e, 400, "parallel_tool_calls", "\"parallel_tool_calls\" must be true or false");
+    const cJSON *m = field(o, "model");
+    if (m && !cJSON_IsString(m)) return fail_p(e, 400, "model", "\"model\" must be a string");
+    if (m && strcmp(m->valuestring, ctx->model_name))
+        return fail_p(e, 404, "model", "The model `%.200s` does not exist (this server serves \"%s\")", m->valuestring,
+                      ctx->model_name);
+    return 0;
+}
+
 static int parse_generate(const api_ctx *ctx, const cJSON *o, api_job *j, api_error *e)
 {
     gen_params g;
     int add_bos = 1, bos_given = 0, rc = -1;
     long n_top = 0;
+    if (check_model(ctx, o, e)) return -1;
     input *in = calloc(1, sizeof *in);
     if (!in) return fail(e, 500, "out of memory");
     if (parse_gen_params(ctx, o, &g, e)) { free(in); return -1; }
@@ -553,8 +586,8 @@ static int parse_generate(const api_ctx *ctx, const cJSON *o, api_job *j, api_er
     j->n_top = (int)n_top;
     cJSON *p = field(o, "prompt"), *t = field(o, "tokens");
     if (!!p == !!t) { fail(e, 400, "exactly one of \"prompt\" (string) or \"tokens\" (array of ids) is required"); goto out; }
-    if (p && !cJSON_IsString(p)) { fail(e, 400, "\"prompt\" must be a string"); goto out; }
-    if (t && !cJSON_IsArray(t)) { fail(e, 400, "\"tokens\" must be an array of token ids"); goto out; }
+    if (p && !cJSON_IsString(p)) { fail_p(e, 400, "prompt", "\"prompt\" must be a string"); goto out; }
+    if (t && !cJSON_IsArray(t)) { fail_p(e, 400, "tokens", "\"tokens\" must be an array of token ids"); goto out; }
     if (read_input(ctx, p ? p : t, p ? "prompt" : "tokens", add_bos, p ? 1 : bos_given, in, e)) goto out;
     if (check_context(ctx, in->n, g.max_tokens, 0, 0, e)) goto out;
     j->n_inputs = 1;
@@ -576,16 +609,16 @@ static int parse_score(const api_ctx *ctx, const cJSON *o, api_job *j, api_error
 {
     int add_bos = 1, rc = -1, n = 0;
     input *ins = NULL;
-    if (get_bool(o, "add_bos", &add_bos, e)) return -1;
+    if (check_model(ctx, o, e) || get_bool(o, "add_bos", &add_bos, e)) return -1;
     int bos_given = field(o, "add_bos") != NULL;
     cJSON *text = field(o, "text"), *toks = field(o, "tokens"), *texts = field(o, "texts");
     if (!!text + !!toks + !!texts != 1)
         return fail(e, 400, "exactly one of \"text\" (string), \"tokens\" (array of ids) or \"texts\" (array of strings) is required");
-    if (text && !cJSON_IsString(text)) return fail(e, 400, "\"text\" must be a string");
-    if (toks && !cJSON_IsArray(toks)) return fail(e, 400, "\"tokens\" must be an array of token ids");
+    if (text && !cJSON_IsString(text)) return fail_p(e, 400, "text", "\"text\" must be a string");
+    if (toks && !cJSON_IsArray(toks)) return fail_p(e, 400, "tokens", "\"tokens\" must be an array of token ids");
     if (texts && (!cJSON_IsArray(texts) || cJSON_GetArraySize(texts) == 0 ||
                   cJSON_GetArraySize(texts) > ctx->max_tasks))
-        return fail(e, 400, "\"texts\" must be an array of 1 to %d strings", ctx->max_tasks);
+        return fail_p(e, 400, "texts", "\"texts\" must be an array of 1 to %d strings", ctx->max_tasks);
     n = texts ? cJSON_GetArraySize(texts) : 1;
     ins = calloc((size_t)n, sizeof *ins);
     if (!ins) return fail(e, 500, "out of memory");
@@ -617,17 +650,6 @@ static int parse_score(const api_ctx *ctx, const cJSON *o, api_job *j, api_error
 out:
     inputs_free(ins, n);
     return rc;
-}
-
-/* One model per server: a request naming another one is a 404, as vLLM answers. */
-static int check_model(const api_ctx *ctx, const cJSON *o, api_error *e)
-{
-    const cJSON *m = field(o, "model");
-    if (m && !cJSON_IsString(m)) return fail_p(e, 400, "model", "\"model\" must be a string");
-    if (m && strcmp(m->valuestring, ctx->model_name))
-        return fail_p(e, 404, "model", "The model `%.200s` does not exist (this server serves \"%s\")", m->valuestring,
-                      ctx->model_name);
-    return 0;
 }
 
 /* stream_options: include_usage adds a final usage chunk; with
@@ -944,6 +966,14 @@ char *api_error_json(int status, const char *message, size_t *len)
     return api_error_json_param(status, message, NULL, len);
 }
 
+/* Integers up to 2^53 exactly (cJSON prints large doubles in exponent form). */
+static void add_u53(cJSON *o, const char *name, uint64_t v)
+{
+    char buf[24];
+    snprintf(buf, sizeof buf, "%llu", (unsigned long long)v);
+    cJSON_AddRawToObject(o, name, buf);
+}
+
 static cJSON *usage(long prompt, long completion)
 {
     cJSON *u = cJSON_CreateObject();
@@ -1111,7 +1141,7 @@ static void usage_totals(const api_job *j, long *np, long *ng)
 static cJSON *score_result(const sched_task *t)
 {
     cJSON *r = cJSON_CreateObject();
-    cJSON_AddItemToObject(r, "tokens", cJSON_CreateIntArray((const int *)t->prompt, t->n_prompt));
+    cJSON_AddItemToObject(r, "tokens", int_array(t->prompt, t->n_prompt));
     cJSON *lps = cJSON_AddArrayToObject(r, "token_logprobs");
     double sum = 0;
     for (int i = 0; i + 1 < t->n_prompt; i++) {
@@ -1148,12 +1178,12 @@ char *api_render(api_job *j, int *status, size_t *len)
         const sched_task *t = &c->tasks[0];
         o = cJSON_CreateObject();
         add_text(o, "text", t->out.text, t->out.len);
-        cJSON_AddItemToObject(o, "tokens", cJSON_CreateIntArray((const int *)t->out.ids, t->out.n));
+        cJSON_AddItemToObject(o, "tokens", int_array(t->out.ids, t->out.n));
         cJSON_AddStringToObject(o, "finish_reason", finish_name(j->kind, t->finish));
         if (j->logprobs) cJSON_AddItemToObject(o, "logprobs", generate_logprobs(&t->out, t->n_top));
         cJSON_AddItemToObject(o, "usage", usage(t->n_prompt, t->n_gen));
         cJSON_AddItemToObject(o, "timings", timings(t));
-        cJSON_AddNumberToObject(o, "seed", (double)t->seed);
+        add_u53(o, "seed", t->seed);
     } else if (j->kind == API_SCORE) {
         long n_tok = 0;
         for (int i = 0; i < c->n_tasks; i++) n_tok += c->tasks[i].n_prompt;
@@ -1325,13 +1355,13 @@ int api_render_stream(api_job *j, api_buf *out)
         } else if (j->kind == API_GENERATE) {
             cJSON *ev = cJSON_CreateObject();
             add_text(ev, "text", o->text, o->len);
-            cJSON_AddItemToObject(ev, "tokens", cJSON_CreateIntArray((const int *)o->ids, o->n));
+            cJSON_AddItemToObject(ev, "tokens", int_array(o->ids, o->n));
             if (j->logprobs) cJSON_AddItemToObject(ev, "logprobs", generate_logprobs(o, t->n_top));
             if (fin[i]) {
                 cJSON_AddStringToObject(ev, "finish_reason", finish_name(j->kind, fin[i]));
                 cJSON_AddItemToObject(ev, "usage", usage(t->n_prompt, t->n_gen));
                 cJSON_AddItemToObject(ev, "timings", timings(t));
-                cJSON_AddNumberToObject(ev, "seed", (double)t->seed);
+                add_u53(ev, "seed", t->seed);
             }
             sse(out, ev);
         } else if (j->kind == API_CHAT) {
@@ -1402,6 +1432,16 @@ char *api_tokenize(const api_ctx *ctx, const char *body, size_t len, api_error *
         goto out;
     /* add_special_tokens is vLLM's name for add_bos; messages default to
      * none, as the template writes its own BOS */
+    static const char *const spellings[] = {"prompt", "text", "content"};
+    for (int i = 0; i < 3; i++)
+        if (field(o, spellings[i]) && !cJSON_IsString(field(o, spellings[i]))) {
+            fail_p(e, 400, spellings[i], "\"%s\" must be a string", spellings[i]);
+            goto out;
+        }
+    int ignored;
+    const cJSON *kw = field(o, "chat_template_kwargs");
+    if (get_bool(o, "add_generation_prompt", &ignored, e) || get_bool(o, "continue_final_message", &ignored, e)) goto out;
+    if (kw && !cJSON_IsObject(kw)) { fail_p(e, 400, "chat_template_kwargs", "\"chat_template_kwargs\" must be an object"); goto out; }
     int add = field(o, "add_special_tokens") ? add_special : field(o, "add_bos") ? add_bos : !msgs;
     if (msgs) {
         if (text) { fail_p(e, 400, "messages", "give \"prompt\" or \"messages\", not both"); goto out; }
@@ -1412,7 +1452,7 @@ char *api_tokenize(const api_ctx *ctx, const char *body, size_t len, api_error *
     }
     if (encode(ctx, chat_text ? chat_text : text->valuestring, add, &ids, &n, e)) goto out;
     cJSON *r = cJSON_CreateObject();
-    cJSON_AddItemToObject(r, "tokens", cJSON_CreateIntArray((const int *)ids, n));
+    cJSON_AddItemToObject(r, "tokens", int_array(ids, n));
     cJSON_AddNumberToObject(r, "count", n);
     cJSON_AddNumberToObject(r, "max_model_len", ctx->max_seq_len);
     if (token_strs) cJSON_AddItemToObject(r, "token_strs", pieces_of(ctx, ids, n));
