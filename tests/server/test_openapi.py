@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 import requests
@@ -96,7 +97,9 @@ else:
            "negative_data_rejection", "--max-examples", os.environ.get("KDA_SCHEMATHESIS_EXAMPLES", "12"),
            "--seed", "1", "--phases", "examples,coverage,fuzzing", "--request-timeout", "30", "--workers", "1",
            "--generation-deterministic", "--suppress-health-check", "all", "--no-color"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=dict(os.environ, NO_COLOR="1"))
+    # run elsewhere: schemathesis keeps a .schemathesis cache in its working directory
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=dict(os.environ, NO_COLOR="1"),
+                       cwd=tempfile.mkdtemp(prefix="kda-st-"))
     out = r.stdout + r.stderr
     summary = [l for l in out.splitlines() if re.search(r"\d+ (passed|failed)", l) or "No issues found" in l]
     print("\n".join(out.splitlines()[-40:]) if r.returncode else "\n".join(summary[-5:]))
