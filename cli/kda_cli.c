@@ -62,12 +62,14 @@ static int sub_usage(const char *cmd)
     } else if (!strcmp(cmd, "score")) {
         printf("usage: kda-cli score DIR (--tokens 1,2,3 | --text T) [--json] [--no-bos]\n"
                "  token_logprobs[i] = log p(tokens[i+1] | tokens[0..i]); nll = mean -logprob; ppl = exp(nll)\n"
-               "  options: --device cpu|cuda|auto --threads N --max-seq-len N --name-map FILE --config-map PATH --verbose\n");
+               "  options: --device cpu|cuda|auto --threads N --max-seq-len N --name-map FILE --config-map PATH\n"
+               "           --tuning k=v,... --verbose\n");
     } else {
         printf("usage: kda-cli generate DIR (--tokens ... | --text T) [--max-tokens 32] [--temperature 0] [--top-k K]\n"
                "       [--top-p P] [--min-p P] [--repetition-penalty R] [--presence-penalty P]\n"
                "       [--frequency-penalty F] [--seed S] [--ignore-eos] [--json] [--no-bos]\n"
-               "  options: --device cpu|cuda|auto --threads N --max-seq-len N --name-map FILE --config-map PATH --verbose\n");
+               "  options: --device cpu|cuda|auto --threads N --max-seq-len N --name-map FILE --config-map PATH\n"
+               "           --tuning k=v,... --verbose\n");
     }
     return 0;
 }
