@@ -27,7 +27,7 @@
 #define API_MAX_STOP_LEN 256
 #define API_MAX_TOP 20
 #define API_MAX_N 16
-#define API_MAX_BIAS 1024
+#define API_MAX_BIAS (KDA_MAX_LOGIT_BIAS - 1)   /* one entry is kept for min_tokens' EOS ban */
 
 int api_buf_put(api_buf *b, const char *s, size_t n)
 {
