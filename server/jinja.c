@@ -24,17 +24,20 @@
 #define MAX_OUTPUT (4u << 20)      /* bytes one render may produce */
 #define MAX_STEPS 2000000L         /* loop iterations + calls per render */
 #define MAX_DEPTH 200              /* nesting of expressions / blocks */
+#define MAX_RENDER_MEMORY (256u << 20) /* bytes of values one render may make (strings built in loops) */
 
 /* ---- arena ---- */
 
 typedef struct blk { struct blk *next; size_t used, cap; max_align_t data[]; } blk;
-typedef struct { blk *head; } arena;
+typedef struct { blk *head; size_t total, limit; int over; } arena;   /* limit 0: none; over: limit hit */
 
 static void *arena_try(arena *a, size_t n)
 {
     n = (n + 15) & ~(size_t)15;
     if (!a->head || a->head->used + n > a->head->cap) {
         size_t cap = n > 65536 ? n : 65536;
+        if (a->limit && a->total + cap > a->limit) { a->over = 1; return NULL; }
+        a->total += cap;
         blk *b = malloc(sizeof *b + cap);
         if (!b) return NULL;
         b->next = a->head;
@@ -80,6 +83,8 @@ static void fail(failer *f, const char *fmt, ...)
 static void *alloc(failer *f, size_t n)
 {
     void *p = arena_try(f->a, n);
+    if (!p && f->a->over)
+        fail(f, "the template needs more than %u MiB of memory", (unsigned)(f->a->limit >> 20));
     if (!p) fail(f, "out of memory");
     memset(p, 0, n);
     return p;
@@ -2395,6 +2400,7 @@ int jinja_render(const jinja_template *t, const cJSON *vars, char **out, size_t 
     c->f.err = err;
     c->f.errlen = errlen;
     c->f.a = &c->a;
+    c->a.limit = MAX_RENDER_MEMORY;
     if (setjmp(c->f.jb)) {
         int rc = c->f.raised ? -2 : -1;
         free(c->out);

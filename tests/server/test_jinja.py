@@ -96,7 +96,10 @@ check(n_same > n_cases // 2, "most renderings produce text (the corpus exercises
 # Errors the C engine must report rather than mis-render.
 bad = {"{% macro m() %}x{% endmacro %}": "not supported", "{{ 'unterminated }}": "unterminated",
        "{% if x %}no end": "endif", "{{ a.b }}": "undefined", "{{ 1 / 0 }}": "division by zero",
-       "{% for i in range(100000000) %}{% endfor %}": "steps", "{{ 'x' * 100000000 }}": "steps"}
+       "{% for i in range(100000000) %}{% endfor %}": "steps", "{{ 'x' * 100000000 }}": "steps",
+       # a string grown in a loop: quadratic copying, stopped by the memory bound
+       "{% set ns = namespace(s='') %}{% for i in range(200000) %}{% set ns.s = ns.s + 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx' %}"
+       "{% endfor %}{{ ns.s | length }}": "MiB"}
 for src, word in bad.items():
     p = os.path.join(tmp, "bad.jinja")
     with open(p, "w") as f:
