@@ -60,14 +60,19 @@ out:
     free(a), free(b);
 }
 
-static int usage(void)
+void cli_bench_usage(FILE *f)
 {
-    fprintf(stderr,
+    fprintf(f,
             "usage: kda-cli bench MODEL_DIR [--device cuda|cpu] [--pairs CTX:B,...] [--steps N]\n"
             "                     [--fill prefill|decode] [--prefill B:T,...] [--score B:T,...] [--reps N]\n"
             "                     [--json FILE] [--no-kernels] [--mem-fraction F] [--tuning k=v,...]\n"
             "  default pairs 128:1,128:16,128:64,128:256,4096:1,4096:16,4096:64,4096:256 (\"\" = none);\n"
             "  steps 32; no prefill or score points; reps 5\n");
+}
+
+static int usage(void)
+{
+    cli_bench_usage(stderr);
     return 2;
 }
 

@@ -26,11 +26,15 @@ typedef struct {
     int bos, json, pieces;
 } tok_args;
 
-static int usage(const char *cmd) {
+void cli_tok_usage(FILE *f, const char *cmd) {
     if (!strcmp(cmd, "tokenize"))
-        fprintf(stderr, "usage: kda-cli tokenize DIR|--tokenizer PATH --text TEXT [--bos] [--pieces] [--json]\n");
+        fprintf(f, "usage: kda-cli tokenize DIR|--tokenizer PATH --text TEXT [--bos] [--pieces] [--json]\n");
     else
-        fprintf(stderr, "usage: kda-cli detokenize DIR|--tokenizer PATH --ids 1,2,3 [--json]\n");
+        fprintf(f, "usage: kda-cli detokenize DIR|--tokenizer PATH --ids 1,2,3 [--json]\n");
+}
+
+static int usage(const char *cmd) {
+    cli_tok_usage(stderr, cmd);
     return 2;
 }
 

@@ -15,6 +15,7 @@
 
 #include "cli.h"
 #include "engine.h"
+#include "kda_version.h"
 #include "tokenizer.h"
 
 #define SCORE_CHUNK 512   /* tokens per engine step when scoring long texts */
@@ -47,7 +48,31 @@ static void usage(FILE *f)
             "                    attn_prefill_split prof cpu_bf16_act (bench/NOTES.md says what each does)\n"
             "  --name-map FILE    tensor names of another layout (configs/README.md)\n"
             "  --config-map PATH  config.json keys of another layout: a map file, or a folder of\n"
-            "                     *.configmap.json chosen by model_type (configs/README.md)\n");
+            "                     *.configmap.json chosen by model_type (configs/README.md)\n"
+            "kda-cli COMMAND --help: that command's usage; kda-cli --version\n");
+}
+
+/* kda-cli SUB --help: the subcommand's own usage, on stdout. */
+static int sub_usage(const char *cmd)
+{
+    if (!strcmp(cmd, "tokenize") || !strcmp(cmd, "detokenize")) { cli_tok_usage(stdout, cmd); return 0; }
+    if (!strcmp(cmd, "bench")) { cli_bench_usage(stdout); return 0; }
+    if (!strcmp(cmd, "inspect")) {
+        printf("usage: kda-cli inspect DIR [--json] [--name-map FILE] [--config-map PATH]\n"
+               "  family, dims, layers, tensors and parameter count of a checkpoint, without loading a backend\n");
+    } else if (!strcmp(cmd, "score")) {
+        printf("usage: kda-cli score DIR (--tokens 1,2,3 | --text T) [--json] [--no-bos]\n"
+               "  token_logprobs[i] = log p(tokens[i+1] | tokens[0..i]); nll = mean -logprob; ppl = exp(nll)\n"
+               "  options: --device cpu|cuda|auto --threads N --max-seq-len N --name-map FILE --config-map PATH\n"
+               "           --tuning k=v,... --verbose\n");
+    } else {
+        printf("usage: kda-cli generate DIR (--tokens ... | --text T) [--max-tokens 32] [--temperature 0] [--top-k K]\n"
+               "       [--top-p P] [--min-p P] [--repetition-penalty R] [--presence-penalty P]\n"
+               "       [--frequency-penalty F] [--seed S] [--ignore-eos] [--json] [--no-bos]\n"
+               "  options: --device cpu|cuda|auto --threads N --max-seq-len N --name-map FILE --config-map PATH\n"
+               "           --tuning k=v,... --verbose\n");
+    }
+    return 0;
 }
 
 static int parse_int(const char *s, const char *flag, long lo, long hi, long *out)
@@ -363,7 +388,15 @@ int main(int argc, char **argv)
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
     }
+    if (!strcmp(argv[1], "--version")) {
+        printf("kda-cli %s (git %s)\n", KDA_PROJECT_VERSION, KDA_GIT_DESCRIBE);
+        return 0;
+    }
     const char *cmd = argv[1];
+    int known = !strcmp(cmd, "tokenize") || !strcmp(cmd, "detokenize") || !strcmp(cmd, "bench") ||
+                !strcmp(cmd, "inspect") || !strcmp(cmd, "score") || !strcmp(cmd, "generate");
+    for (int i = 2; known && i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return sub_usage(cmd);
     if (!strcmp(cmd, "tokenize")) return cli_tokenize(argc - 2, argv + 2);
     if (!strcmp(cmd, "detokenize")) return cli_detokenize(argc - 2, argv + 2);
     if (!strcmp(cmd, "bench")) return cli_bench(argc - 2, argv + 2);

@@ -29,9 +29,33 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 [ $run_only = 1 ] && { echo "setup: ok (run only)"; exit 0; }
-# The server's integration tests use real clients: requests and the official openai package.
+# The server's integration tests use real clients: requests and the official openai
+# package, Jinja2 (the reference for server/jinja.c) and schemathesis (the OpenAPI run).
 PY=${KDA_PIP_PYTHON:-python3}
-if ! "$PY" -c 'import openai, requests' 2>/dev/null; then
-  "$PY" -m pip install -q openai requests 2>/dev/null || "$PY" -m pip install -q --break-system-packages openai requests
+pip_install() { "$PY" -m pip install -q "$@" 2>/dev/null || "$PY" -m pip install -q --break-system-packages "$@"; }
+if ! "$PY" -c 'import openai, requests, jinja2, schemathesis' 2>/dev/null; then
+  pip_install openai requests jinja2 schemathesis
+fi
+# lm-evaluation-harness (tests/server/test_lm_eval.py) in its own folder, --no-deps with
+# exactly what `lm_eval --model local-completions` imports, pinned: 470 MB in ~90 s on the
+# 2-core VM (under load), where `pip install lm-eval[api]` takes 745 MB (scipy, sklearn,
+# nltk, ... that a loglikelihood task over HTTP never imports).
+LM_DIR=${KDA_LM_EVAL_DIR:-/opt/kda-lm-eval}
+if ! PYTHONPATH="$LM_DIR" "$PY" -c 'import lm_eval, datasets, pyarrow, pandas, tenacity, aiohttp' 2>/dev/null; then
+  pip_install --no-deps --target "$LM_DIR" lm-eval==0.4.13 datasets==5.2.0 numpy==2.4.6 pandas==3.1.1 \
+    pyarrow==26.0.1 huggingface_hub==2.4.0 fsspec==2026.9.0 multiprocess==0.70.19 dill==0.4.1 xxhash==4.1.0 \
+    filelock==4.3.1 packaging==26.4 tqdm==4.70.1 sacrebleu==2.6.0 portalocker==4.4.2 tabulate==0.10.0 \
+    lxml==6.1.3 pytablewriter==1.2.1 dataproperty==1.1.1 typepy==2.0.0 mbstrdecoder==1.1.5 tabledata==1.3.5 \
+    tcolorpy==0.1.7 pathvalidate==3.3.1 chardet==7.7.0 tenacity==9.2.1 aiohttp==3.14.5 aiohappyeyeballs==2.7.1 \
+    aiosignal==1.4.0 attrs==26.1.0 frozenlist==1.8.0 multidict==7.2.1 propcache==0.5.4 yarl==1.25.1 \
+    python-dateutil==2.9.0.post0 six==1.17.0 PyYAML==6.0.3 colorama==0.4.6 wcwidth==0.7.0 typing_extensions==4.16.0
+fi
+# promtool (the /metrics lint) from Debian's prometheus package, unpacked only: installing
+# the package would also set up a Prometheus service.
+if ! command -v promtool >/dev/null && [ ! -x /opt/kda-promtool/usr/bin/promtool ]; then
+  tmp=$(mktemp -d)
+  (cd "$tmp" && apt-get download -qq prometheus && dpkg-deb -x prometheus_*.deb "$tmp/x") &&
+    mkdir -p /opt/kda-promtool/usr/bin && cp "$tmp/x/usr/bin/promtool" /opt/kda-promtool/usr/bin/
+  rm -rf "$tmp"
 fi
 echo "setup: ok"

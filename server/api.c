@@ -3,8 +3,12 @@
  *
  * Field conventions: JSON null means "not given" (clients send it for unset
  * optional fields). Text inputs get BOS when add_bos (default true); token
- * inputs are used verbatim unless add_bos is explicitly true. Defaults
- * follow the OpenAI completions API: max_tokens 16, temperature 1.
+ * inputs are used verbatim unless add_bos is explicitly true. In text, the
+ * tokenizer's BOS/EOS strings ("<s>", "</s>") stand for their ids, as Hugging
+ * Face tokenizers (and so vLLM) read them. Defaults follow the OpenAI
+ * completions API: max_tokens 16, temperature 1. A sampling field this server
+ * does not implement is a 400 naming it (never silently ignored); other
+ * unknown fields are ignored, as OpenAI-compatible servers do.
  */
 #include "api.h"
 
@@ -16,12 +20,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fields.h"
 #include "log.h"
 
 #define API_MAX_STOPS 16
 #define API_MAX_STOP_LEN 256
 #define API_MAX_TOP 20
 #define API_MAX_N 16
+#define API_MAX_BIAS (KDA_MAX_LOGIT_BIAS - 1)   /* one entry is kept for min_tokens' EOS ban */
 
 int api_buf_put(api_buf *b, const char *s, size_t n)
 {
@@ -53,6 +59,20 @@ static int fail(api_error *e, int status, const char *fmt, ...)
     vsnprintf(e->message, sizeof e->message, fmt, ap);
     va_end(ap);
     e->status = status;
+    e->param[0] = '\0';
+    return -1;
+}
+
+/* Same, naming the request field at fault (error.param). */
+static int fail_p(api_error *e, int status, const char *param, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static int fail_p(api_error *e, int status, const char *param, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+    e->status = status;
+    snprintf(e->param, sizeof e->param, "%s", param);
     return -1;
 }
 
@@ -90,6 +110,12 @@ static char *utf8_clean(const char *s, size_t n)
     return out;
 }
 
+/* cJSON_CreateIntArray gives NULL (and the member is dropped) for no ids. */
+static cJSON *int_array(const int32_t *ids, int n)
+{
+    return n > 0 ? cJSON_CreateIntArray((const int *)ids, n) : cJSON_CreateArray();
+}
+
 static void add_text(cJSON *obj, const char *name, const char *s, size_t n)
 {
     char *clean = utf8_clean(s ? s : "", s ? n : 0);
@@ -123,6 +149,14 @@ static size_t token_text(const api_ctx *ctx, int32_t id, char *buf, size_t cap)
 
 /* ---- field readers: NULL / 0 when absent, -1 with a message when invalid ---- */
 
+/* "prompt[3]" -> "prompt": error.param names the request field. */
+static const char *field_root(const char *name, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "%.*s", (int)strcspn(name, "["), name);
+    return buf;
+}
+
+
 static cJSON *field(const cJSON *o, const char *name)
 {
     cJSON *f = cJSON_GetObjectItemCaseSensitive(o, name);
@@ -135,7 +169,7 @@ static int get_num(const cJSON *o, const char *name, double lo, double hi, int l
     if (!f) return 0;
     double x = f->valuedouble;
     if (!cJSON_IsNumber(f) || !isfinite(x) || x > hi || (lo_open ? x <= lo : x < lo))
-        return fail(e, 400, "\"%s\" must be a number in %c%g, %g]", name, lo_open ? '(' : '[', lo, hi);
+        return fail_p(e, 400, name, "\"%s\" must be a number in %c%g, %g]", name, lo_open ? '(' : '[', lo, hi);
     *v = x;
     return 0;
 }
@@ -146,7 +180,7 @@ static int get_int(const cJSON *o, const char *name, long lo, long hi, long *v, 
     if (!f) return 0;
     double x = f->valuedouble;
     if (!cJSON_IsNumber(f) || x != floor(x) || x < (double)lo || x > (double)hi)
-        return fail(e, 400, "\"%s\" must be an integer in [%ld, %ld]", name, lo, hi);
+        return fail_p(e, 400, name, "\"%s\" must be an integer in [%ld, %ld]", name, lo, hi);
     *v = (long)x;
     return 0;
 }
@@ -155,7 +189,7 @@ static int get_bool(const cJSON *o, const char *name, int *v, api_error *e)
 {
     cJSON *f = field(o, name);
     if (!f) return 0;
-    if (!cJSON_IsBool(f)) return fail(e, 400, "\"%s\" must be true or false", name);
+    if (!cJSON_IsBool(f)) return fail_p(e, 400, name, "\"%s\" must be true or false", name);
     *v = cJSON_IsTrue(f);
     return 0;
 }
@@ -171,7 +205,9 @@ static int get_tokens(const api_ctx *ctx, const cJSON *arr, const char *name, in
         double x = it->valuedouble;
         if (!cJSON_IsNumber(it) || x != floor(x) || x < 0 || x >= ctx->vocab_size) {
             free(out);
-            return fail(e, 400, "\"%s[%d]\" must be an integer token id in [0, %d]", name, i, ctx->vocab_size - 1);
+            char root[48];
+            return fail_p(e, 400, field_root(name, root, sizeof root), "\"%s[%d]\" must be an integer token id in [0, %d]",
+                          name, i, ctx->vocab_size - 1);
         }
         out[i++] = (int32_t)x;
     }
@@ -180,22 +216,62 @@ static int get_tokens(const api_ctx *ctx, const cJSON *arr, const char *name, in
     return 0;
 }
 
-/* Text -> ids, with the model's BOS in front when asked. */
+/* The next occurrence of a special-token string at or after p: its id and
+ * length, or NULL. */
+static const char *next_special(const api_ctx *ctx, const char *p, int32_t *id, size_t *len)
+{
+    const char *best = NULL;
+    const struct { const char *s; int id; } sp[2] = {{ctx->specials.bos, ctx->bos_id}, {ctx->specials.eos, ctx->eos_id}};
+    for (int k = 0; k < 2; k++) {
+        if (!sp[k].s[0] || sp[k].id < 0) continue;
+        const char *q = strstr(p, sp[k].s);
+        if (q && (!best || q < best)) { best = q; *id = sp[k].id; *len = strlen(sp[k].s); }
+    }
+    return best;
+}
+
+/* Text -> ids, with the model's BOS in front when asked. Special-token
+ * strings become their ids; the text between them is encoded piece by piece
+ * (SentencePiece then adds its word-start marker to each piece, as Hugging
+ * Face's Llama tokenizer does after a special token). */
 static int encode(const api_ctx *ctx, const char *text, int add_bos, int32_t **ids, int *n, api_error *e)
 {
     char err[256] = "";
-    int32_t *raw = NULL;
-    int n_raw = 0;
-    if (tok_encode(ctx->tok, text, strlen(text), 0, &raw, &n_raw, err, sizeof err) != 0)
-        return fail(e, 400, "could not tokenize the prompt: %s", err);
     int bos = add_bos && ctx->bos_id >= 0;
-    int32_t *out = malloc((size_t)(n_raw + bos + 1) * sizeof *out);
-    if (!out) { free(raw); return fail(e, 500, "out of memory"); }
-    if (bos) out[0] = ctx->bos_id;
-    if (n_raw) memcpy(out + bos, raw, (size_t)n_raw * sizeof *out);
-    free(raw);
+    size_t cap = strlen(text) + 2;
+    int32_t *out = malloc(cap * sizeof *out);
+    if (!out) return fail(e, 500, "out of memory");
+    int k = 0;
+    if (bos) out[k++] = ctx->bos_id;
+    const char *p = text;
+    while (*p) {
+        int32_t sid = -1;
+        size_t slen = 0;
+        const char *sp = next_special(ctx, p, &sid, &slen);
+        size_t seg = sp ? (size_t)(sp - p) : strlen(p);
+        if (seg) {
+            int32_t *raw = NULL;
+            int n_raw = 0;
+            if (tok_encode(ctx->tok, p, seg, 0, &raw, &n_raw, err, sizeof err) != 0) {
+                free(out);
+                return fail(e, 400, "could not tokenize the prompt: %s", err);
+            }
+            if ((size_t)(k + n_raw + 2) > cap) {
+                cap = (size_t)(k + n_raw + 2) + cap;
+                int32_t *o = realloc(out, cap * sizeof *out);
+                if (!o) { free(raw); free(out); return fail(e, 500, "out of memory"); }
+                out = o;
+            }
+            if (n_raw) memcpy(out + k, raw, (size_t)n_raw * sizeof *out);
+            k += n_raw;
+            free(raw);
+        }
+        if (!sp) break;
+        out[k++] = sid;
+        p = sp + slen;
+    }
     *ids = out;
-    *n = n_raw + bos;
+    *n = k;
     return 0;
 }
 
@@ -210,21 +286,53 @@ typedef struct {
     char *stops[API_MAX_STOPS];
     int n_stops;
     int ignore_eos;
+    long min_tokens;
+    kda_logit_bias *bias;
+    int n_bias;
 } gen_params;
 
 static void gen_params_free(gen_params *g)
 {
     for (int i = 0; i < g->n_stops; i++) free(g->stops[i]);
     g->n_stops = 0;
+    free(g->bias);
+    g->bias = NULL;
+    g->n_bias = 0;
+}
+
+/* OpenAI logit_bias: {"token id": bias in [-100, 100]}. */
+static int parse_logit_bias(const api_ctx *ctx, const cJSON *o, gen_params *g, api_error *e)
+{
+    const cJSON *lb = field(o, "logit_bias");
+    if (!lb) return 0;
+    if (!cJSON_IsObject(lb))
+        return fail_p(e, 400, "logit_bias", "\"logit_bias\" must be an object mapping token ids to biases in [-100, 100]");
+    int n = cJSON_GetArraySize(lb);
+    if (n > API_MAX_BIAS) return fail_p(e, 400, "logit_bias", "\"logit_bias\" may hold at most %d entries", API_MAX_BIAS);
+    g->bias = malloc((size_t)(n ? n : 1) * sizeof *g->bias);
+    if (!g->bias) return fail(e, 500, "out of memory");
+    const cJSON *it;
+    cJSON_ArrayForEach(it, lb) {
+        char *end;
+        long id = strtol(it->string, &end, 10);
+        if (!it->string[0] || *end || id < 0 || id >= ctx->vocab_size)
+            return fail_p(e, 400, "logit_bias", "\"logit_bias\" key \"%.40s\" must be a token id in [0, %d]", it->string,
+                          ctx->vocab_size - 1);
+        if (!cJSON_IsNumber(it) || !(it->valuedouble >= -100 && it->valuedouble <= 100))
+            return fail_p(e, 400, "logit_bias", "\"logit_bias\" value for token %ld must be a number in [-100, 100]", id);
+        g->bias[g->n_bias++] = (kda_logit_bias){(int32_t)id, (float)it->valuedouble};
+    }
+    return 0;
 }
 
 static int add_stop(gen_params *g, const cJSON *s, api_error *e)
 {
-    if (!cJSON_IsString(s)) return fail(e, 400, "\"stop\" must be a string or an array of up to %d strings", API_MAX_STOPS);
+    if (!cJSON_IsString(s))
+        return fail_p(e, 400, "stop", "\"stop\" must be a string or an array of up to %d strings", API_MAX_STOPS);
     size_t n = strlen(s->valuestring);
     if (n == 0 || n > API_MAX_STOP_LEN)
-        return fail(e, 400, "\"stop\" strings must be 1 to %d bytes long", API_MAX_STOP_LEN);
-    if (g->n_stops == API_MAX_STOPS) return fail(e, 400, "\"stop\" may hold at most %d strings", API_MAX_STOPS);
+        return fail_p(e, 400, "stop", "\"stop\" strings must be 1 to %d bytes long", API_MAX_STOP_LEN);
+    if (g->n_stops == API_MAX_STOPS) return fail_p(e, 400, "stop", "\"stop\" may hold at most %d strings", API_MAX_STOPS);
     g->stops[g->n_stops] = strdup(s->valuestring);
     if (!g->stops[g->n_stops]) return fail(e, 500, "out of memory");
     g->n_stops++;
@@ -243,7 +351,8 @@ static int parse_gen_params(const api_ctx *ctx, const cJSON *o, gen_params *g, a
         get_num(o, "presence_penalty", -2, 2, 0, &g->presence_penalty, e) ||
         get_num(o, "frequency_penalty", -2, 2, 0, &g->frequency_penalty, e) ||
         get_int(o, "top_k", -1, ctx->vocab_size, &g->top_k, e) ||
-        get_bool(o, "ignore_eos", &g->ignore_eos, e))
+        get_bool(o, "ignore_eos", &g->ignore_eos, e) ||
+        get_int(o, "min_tokens", 0, ctx->max_seq_len, &g->min_tokens, e))
         return -1;
     if (g->top_k < 0) g->top_k = 0;   /* vLLM spells "off" as -1 */
     cJSON *s = field(o, "seed");
@@ -251,10 +360,11 @@ static int parse_gen_params(const api_ctx *ctx, const cJSON *o, gen_params *g, a
         seed = s->valuedouble;
         /* JSON numbers are doubles: beyond 2^53 a seed could not be echoed back exactly. */
         if (!cJSON_IsNumber(s) || seed != floor(seed) || seed < 0 || seed > 9007199254740991.0)
-            return fail(e, 400, "\"seed\" must be an integer in [0, 9007199254740991]");
+            return fail_p(e, 400, "seed", "\"seed\" must be an integer in [0, 9007199254740991]");
         g->has_seed = 1;
         g->seed = (uint64_t)seed;
     }
+    if (parse_logit_bias(ctx, o, g, e)) { gen_params_free(g); return -1; }
     cJSON *stop = field(o, "stop");
     if (stop) {
         if (cJSON_IsArray(stop)) {
@@ -269,6 +379,13 @@ static int parse_gen_params(const api_ctx *ctx, const cJSON *o, gen_params *g, a
     return 0;
 }
 
+static int check_min_tokens(const gen_params *g, api_error *e)
+{
+    if (g->min_tokens <= g->max_tokens) return 0;
+    return fail_p(e, 400, "min_tokens", "\"min_tokens\" (%ld) must not exceed max_tokens (%ld)", g->min_tokens,
+                  g->max_tokens);
+}
+
 /* Requests without a seed still get a distinct one each. */
 static uint64_t random_seed(void)
 {
@@ -281,11 +398,16 @@ static int check_context(const api_ctx *ctx, int n_prompt, long max_tokens, int 
 {
     char which[32] = "";
     if (many) snprintf(which, sizeof which, " %d", index);
-    if (n_prompt == 0)
-        return fail(e, 400, "prompt%s is empty and there is no BOS token to start from (set \"add_bos\": true)", which);
+    if (n_prompt == 0) {
+        if (ctx->bos_id >= 0)
+            return fail_p(e, 400, "prompt", "prompt%s is empty and there is no BOS token to start from (set \"add_bos\": true)",
+                          which);
+        return fail_p(e, 400, "prompt", "prompt%s is empty: this model has no BOS token, so a prompt needs at least one token",
+                      which);
+    }
     if ((long)n_prompt + max_tokens > ctx->max_seq_len)
-        return fail(e, 400, "prompt%s (%d tokens) + max_tokens (%ld) = %ld exceeds the context length %d",
-                    which, n_prompt, max_tokens, (long)n_prompt + max_tokens, ctx->max_seq_len);
+        return fail_p(e, 400, "max_tokens", "prompt%s (%d tokens) + max_tokens (%ld) = %ld exceeds the context length %d",
+                      which, n_prompt, max_tokens, (long)n_prompt + max_tokens, ctx->max_seq_len);
     return 0;
 }
 
@@ -329,6 +451,7 @@ static int job_alloc(api_job *j, int n_tasks)
 
 static void fill_task(const api_ctx *ctx, sched_task *t, const gen_params *g, const input *in, uint64_t seed)
 {
+    t->min_tokens = (int)g->min_tokens;
     t->max_tokens = (int)g->max_tokens;
     t->temperature = (float)g->temperature;
     t->top_p = (float)g->top_p;
@@ -353,8 +476,14 @@ static int copy_prompt(sched_task *t, const input *in)
     return 0;
 }
 
-static int copy_stops(sched_task *t, const gen_params *g)
+static int copy_stops_and_bias(sched_task *t, const gen_params *g)
 {
+    if (g->n_bias) {
+        t->logit_bias = malloc((size_t)g->n_bias * sizeof *t->logit_bias);
+        if (!t->logit_bias) return -1;
+        memcpy(t->logit_bias, g->bias, (size_t)g->n_bias * sizeof *t->logit_bias);
+        t->n_logit_bias = g->n_bias;
+    }
     if (!g->n_stops) return 0;
     t->stops = calloc((size_t)g->n_stops, sizeof *t->stops);
     if (!t->stops) return -1;
@@ -370,6 +499,7 @@ static int copy_stops(sched_task *t, const gen_params *g)
 static int read_input(const api_ctx *ctx, const cJSON *v, const char *name, int add_bos, int bos_given,
                       input *in, api_error *e)
 {
+    char root[48];
     if (cJSON_IsString(v)) {
         if (encode(ctx, v->valuestring, add_bos, &in->ids, &in->n, e)) return -1;
         in->text = strdup(v->valuestring);
@@ -387,7 +517,7 @@ static int read_input(const api_ctx *ctx, const cJSON *v, const char *name, int 
         char err[256];
         if (tok_decode(ctx->tok, in->ids, in->n, &in->text, err, sizeof err) != 0) in->text = NULL;
     } else {
-        return fail(e, 400, "\"%s\" must be a string or an array of token ids", name);
+        return fail_p(e, 400, field_root(name, root, sizeof root), "\"%s\" must be a string or an array of token ids", name);
     }
     if (!in->text) in->text = strdup("");
     return in->text ? 0 : fail(e, 500, "out of memory");
@@ -403,7 +533,7 @@ static int read_input_list(const api_ctx *ctx, const cJSON *arr, const char *fie
     cJSON_ArrayForEach(it, arr) {
         char name[48];
         snprintf(name, sizeof name, "%s[%d]", field, i);
-        if (strings_only && !cJSON_IsString(it)) return fail(e, 400, "\"%s\" must be a string", name);
+        if (strings_only && !cJSON_IsString(it)) return fail_p(e, 400, field, "\"%s\" must be a string", name);
         if (read_input(ctx, it, name, add_bos, bos_given, &ins[i], e)) return -1;
         i++;
     }
@@ -417,15 +547,32 @@ static void inputs_free(input *ins, int n)
     free(ins);
 }
 
+/* One model per server: a request naming another one is a 404, as vLLM
+ * answers. Fields read only to be ignored (user, parallel_tool_calls) still
+ * get their type checked, so a malformed request is never a 200. */
+static int check_model(const api_ctx *ctx, const cJSON *o, api_error *e)
+{
+    const cJSON *u = field(o, "user"), *ptc = field(o, "parallel_tool_calls");
+    if (u && !cJSON_IsString(u)) return fail_p(e, 400, "user", "\"user\" must be a string");
+    if (ptc && !cJSON_IsBool(ptc)) return fail_p(e, 400, "parallel_tool_calls", "\"parallel_tool_calls\" must be true or false");
+    const cJSON *m = field(o, "model");
+    if (m && !cJSON_IsString(m)) return fail_p(e, 400, "model", "\"model\" must be a string");
+    if (m && strcmp(m->valuestring, ctx->model_name))
+        return fail_p(e, 404, "model", "The model `%.200s` does not exist (this server serves \"%s\")", m->valuestring,
+                      ctx->model_name);
+    return 0;
+}
+
 static int parse_generate(const api_ctx *ctx, const cJSON *o, api_job *j, api_error *e)
 {
     gen_params g;
     int add_bos = 1, bos_given = 0, rc = -1;
     long n_top = 0;
+    if (check_model(ctx, o, e)) return -1;
     input *in = calloc(1, sizeof *in);
     if (!in) return fail(e, 500, "out of memory");
     if (parse_gen_params(ctx, o, &g, e)) { free(in); return -1; }
-    if (get_bool(o, "stream", &j->stream, e) || get_bool(o, "add_bos", &add_bos, e)) goto out;
+    if (check_min_tokens(&g, e) || get_bool(o, "stream", &j->stream, e) || get_bool(o, "add_bos", &add_bos, e)) goto out;
     bos_given = field(o, "add_bos") != NULL;
     cJSON *lp = field(o, "logprobs");
     if (lp) {
@@ -439,8 +586,8 @@ static int parse_generate(const api_ctx *ctx, const cJSON *o, api_job *j, api_er
     j->n_top = (int)n_top;
     cJSON *p = field(o, "prompt"), *t = field(o, "tokens");
     if (!!p == !!t) { fail(e, 400, "exactly one of \"prompt\" (string) or \"tokens\" (array of ids) is required"); goto out; }
-    if (p && !cJSON_IsString(p)) { fail(e, 400, "\"prompt\" must be a string"); goto out; }
-    if (t && !cJSON_IsArray(t)) { fail(e, 400, "\"tokens\" must be an array of token ids"); goto out; }
+    if (p && !cJSON_IsString(p)) { fail_p(e, 400, "prompt", "\"prompt\" must be a string"); goto out; }
+    if (t && !cJSON_IsArray(t)) { fail_p(e, 400, "tokens", "\"tokens\" must be an array of token ids"); goto out; }
     if (read_input(ctx, p ? p : t, p ? "prompt" : "tokens", add_bos, p ? 1 : bos_given, in, e)) goto out;
     if (check_context(ctx, in->n, g.max_tokens, 0, 0, e)) goto out;
     j->n_inputs = 1;
@@ -450,7 +597,7 @@ static int parse_generate(const api_ctx *ctx, const cJSON *o, api_job *j, api_er
     fill_task(ctx, task, &g, in, g.has_seed ? g.seed : random_seed());
     task->logprobs = j->logprobs;
     task->n_top = j->n_top;
-    if (copy_prompt(task, in) || copy_stops(task, &g)) { fail(e, 500, "out of memory"); goto out; }
+    if (copy_prompt(task, in) || copy_stops_and_bias(task, &g)) { fail(e, 500, "out of memory"); goto out; }
     rc = 0;
 out:
     gen_params_free(&g);
@@ -462,16 +609,16 @@ static int parse_score(const api_ctx *ctx, const cJSON *o, api_job *j, api_error
 {
     int add_bos = 1, rc = -1, n = 0;
     input *ins = NULL;
-    if (get_bool(o, "add_bos", &add_bos, e)) return -1;
+    if (check_model(ctx, o, e) || get_bool(o, "add_bos", &add_bos, e)) return -1;
     int bos_given = field(o, "add_bos") != NULL;
     cJSON *text = field(o, "text"), *toks = field(o, "tokens"), *texts = field(o, "texts");
     if (!!text + !!toks + !!texts != 1)
         return fail(e, 400, "exactly one of \"text\" (string), \"tokens\" (array of ids) or \"texts\" (array of strings) is required");
-    if (text && !cJSON_IsString(text)) return fail(e, 400, "\"text\" must be a string");
-    if (toks && !cJSON_IsArray(toks)) return fail(e, 400, "\"tokens\" must be an array of token ids");
+    if (text && !cJSON_IsString(text)) return fail_p(e, 400, "text", "\"text\" must be a string");
+    if (toks && !cJSON_IsArray(toks)) return fail_p(e, 400, "tokens", "\"tokens\" must be an array of token ids");
     if (texts && (!cJSON_IsArray(texts) || cJSON_GetArraySize(texts) == 0 ||
                   cJSON_GetArraySize(texts) > ctx->max_tasks))
-        return fail(e, 400, "\"texts\" must be an array of 1 to %d strings", ctx->max_tasks);
+        return fail_p(e, 400, "texts", "\"texts\" must be an array of 1 to %d strings", ctx->max_tasks);
     n = texts ? cJSON_GetArraySize(texts) : 1;
     ins = calloc((size_t)n, sizeof *ins);
     if (!ins) return fail(e, 500, "out of memory");
@@ -505,41 +652,50 @@ out:
     return rc;
 }
 
+/* stream_options: include_usage adds a final usage chunk; with
+ * continuous_usage_stats too, every chunk carries its choice's usage so far
+ * (vLLM's rule: the second needs the first). */
+static int parse_stream_options(const cJSON *o, api_job *j, api_error *e)
+{
+    cJSON *so = field(o, "stream_options");
+    if (!so) return 0;
+    if (!cJSON_IsObject(so)) return fail_p(e, 400, "stream_options", "\"stream_options\" must be an object");
+    int cont = 0;
+    if (get_bool(so, "include_usage", &j->include_usage, e) || get_bool(so, "continuous_usage_stats", &cont, e))
+        return -1;
+    j->continuous_usage = cont && j->include_usage;
+    return 0;
+}
+
 static int parse_completions(const api_ctx *ctx, const cJSON *o, api_job *j, api_error *e)
 {
     gen_params g;
     long n = 1, n_top = -1;
     int rc = -1, n_in = 0;
     input *ins = NULL;
-    /* one model per server: a request naming another one is a 404, as vLLM answers */
-    const cJSON *m = field(o, "model");
-    if (m && !cJSON_IsString(m)) return fail(e, 400, "\"model\" must be a string");
-    if (m && strcmp(m->valuestring, ctx->model_name))
-        return fail(e, 404, "The model `%.200s` does not exist (this server serves \"%s\")", m->valuestring,
-                    ctx->model_name);
+    if (check_model(ctx, o, e)) return -1;
     if (parse_gen_params(ctx, o, &g, e)) return -1;
-    if (get_int(o, "n", 1, API_MAX_N, &n, e) || get_int(o, "logprobs", 0, API_MAX_TOP, &n_top, e) ||
+    if (check_min_tokens(&g, e) || get_int(o, "n", 1, API_MAX_N, &n, e) || get_int(o, "logprobs", 0, API_MAX_TOP, &n_top, e) ||
         get_bool(o, "echo", &j->echo, e) || get_bool(o, "stream", &j->stream, e))
         goto out;
     if (field(o, "best_of") && (!cJSON_IsNumber(field(o, "best_of")) || field(o, "best_of")->valuedouble != n)) {
-        fail(e, 400, "\"best_of\" is not supported (only best_of == n)");
+        fail_p(e, 400, "best_of", "\"best_of\" is not supported (only best_of == n)");
         goto out;
     }
-    if (field(o, "suffix")) { fail(e, 400, "\"suffix\" is not supported"); goto out; }
-    cJSON *so = field(o, "stream_options");
-    if (so && get_bool(so, "include_usage", &j->include_usage, e)) goto out;
+    if (field(o, "suffix")) { fail_p(e, 400, "suffix", "\"suffix\" is not supported"); goto out; }
+    if (parse_stream_options(o, j, e)) goto out;
     j->logprobs = n_top >= 0;
     j->n_top = n_top > 0 ? (int)n_top : 0;
 
     cJSON *p = field(o, "prompt");
-    if (!p) { fail(e, 400, "\"prompt\" is required (a string, an array of strings or of token ids)"); goto out; }
+    if (!p) { fail_p(e, 400, "prompt", "\"prompt\" is required (a string, an array of strings or of token ids)"); goto out; }
     /* string | [string] | [id] | [[id]] */
     int list_of_prompts = cJSON_IsArray(p) && cJSON_GetArraySize(p) > 0 &&
                           (cJSON_IsString(cJSON_GetArrayItem(p, 0)) || cJSON_IsArray(cJSON_GetArrayItem(p, 0)));
     n_in = list_of_prompts ? cJSON_GetArraySize(p) : 1;
-    if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 0) { fail(e, 400, "\"prompt\" must not be an empty array"); goto out; }
+    if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 0) { fail_p(e, 400, "prompt", "\"prompt\" must not be an empty array"); goto out; }
     if ((long)n_in * n > ctx->max_tasks) {
-        fail(e, 400, "prompts x n = %ld sequences; at most %d per request", (long)n_in * n, ctx->max_tasks);
+        fail_p(e, 400, "n", "prompts x n = %ld sequences; at most %d per request", (long)n_in * n, ctx->max_tasks);
         goto out;
     }
     ins = calloc((size_t)n_in, sizeof *ins);
@@ -565,13 +721,175 @@ static int parse_completions(const api_ctx *ctx, const cJSON *o, api_job *j, api
             t->logprobs = j->logprobs;
             t->n_top = j->n_top;
             t->prompt_logprobs = j->echo && j->logprobs;
-            if (copy_prompt(t, &ins[i]) || copy_stops(t, &g)) { fail(e, 500, "out of memory"); goto out; }
+            if (copy_prompt(t, &ins[i]) || copy_stops_and_bias(t, &g)) { fail(e, 500, "out of memory"); goto out; }
         }
     }
     rc = 0;
 out:
     gen_params_free(&g);
     inputs_free(ins, n_in);
+    return rc;
+}
+
+/* ---- chat ---- */
+
+/* messages -> the array the template sees: role a string; content a string
+ * (text parts joined by newlines, as vLLM does), or null (an assistant turn
+ * with tool_calls); other members (name, tool_calls, ...) kept as sent. */
+static int chat_messages(const cJSON *o, cJSON **out, api_error *e)
+{
+    const cJSON *ms = field(o, "messages");
+    if (!ms || !cJSON_IsArray(ms) || cJSON_GetArraySize(ms) == 0)
+        return fail_p(e, 400, "messages", "\"messages\" must be a non-empty array of {\"role\", \"content\"} objects");
+    cJSON *arr = cJSON_CreateArray();
+    if (!arr) return fail(e, 500, "out of memory");
+    int i = 0;
+    const cJSON *m;
+    cJSON_ArrayForEach(m, ms) {
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
+        if (!cJSON_IsObject(m) || !cJSON_IsString(role)) {
+            cJSON_Delete(arr);
+            return fail_p(e, 400, "messages", "\"messages[%d]\" must be an object with a string \"role\"", i);
+        }
+        cJSON *c = cJSON_Duplicate(m, 1);
+        if (!c) { cJSON_Delete(arr); return fail(e, 500, "out of memory"); }
+        cJSON_AddItemToArray(arr, c);
+        const cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
+        if (!content || cJSON_IsNull(content) || cJSON_IsString(content)) {
+            if (!content) cJSON_AddNullToObject(c, "content");
+            i++;
+            continue;
+        }
+        if (!cJSON_IsArray(content)) {
+            cJSON_Delete(arr);
+            return fail_p(e, 400, "messages",
+                          "\"messages[%d].content\" must be a string, null or an array of {\"type\": \"text\"} parts", i);
+        }
+        api_buf text = {0};
+        int k = 0;
+        const cJSON *part;
+        cJSON_ArrayForEach(part, content) {
+            const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
+            const cJSON *t = cJSON_GetObjectItemCaseSensitive(part, "text");
+            if (!cJSON_IsString(type) || strcmp(type->valuestring, "text") || !cJSON_IsString(t)) {
+                api_buf_free(&text);
+                cJSON_Delete(arr);
+                return fail_p(e, 400, "messages",
+                              "\"messages[%d].content[%d]\": only {\"type\": \"text\", \"text\": ...} parts are supported (this "
+                              "is a text model)", i, k);
+            }
+            if (k++ && api_buf_put(&text, "\n", 1)) { api_buf_free(&text); cJSON_Delete(arr); return fail(e, 500, "out of memory"); }
+            if (api_buf_put(&text, t->valuestring, strlen(t->valuestring))) {
+                api_buf_free(&text);
+                cJSON_Delete(arr);
+                return fail(e, 500, "out of memory");
+            }
+        }
+        cJSON_ReplaceItemInObjectCaseSensitive(c, "content", cJSON_CreateString(text.p ? text.p : ""));
+        api_buf_free(&text);
+        i++;
+    }
+    *out = arr;
+    return 0;
+}
+
+/* The prompt text of a chat request (also used by /tokenize with messages). */
+static int chat_prompt(const api_ctx *ctx, const cJSON *o, char **text, api_error *e)
+{
+    if (!ctx->chat)
+        return fail(e, 400, "this model has no chat template (no chat_template in its tokenizer_config.json, no "
+                            "chat_template.jinja), so chat requests cannot be formatted; start kda-server with "
+                            "--chat-template NAME (%s) or --chat-template FILE.jinja", chat_builtin_names());
+    int add_gen = 1, cont = 0;
+    if (get_bool(o, "add_generation_prompt", &add_gen, e) || get_bool(o, "continue_final_message", &cont, e)) return -1;
+    if (add_gen && cont && field(o, "add_generation_prompt"))
+        return fail_p(e, 400, "continue_final_message",
+                      "\"continue_final_message\" and \"add_generation_prompt\" cannot both be true");
+    if (cont) add_gen = 0;
+    const cJSON *kw = field(o, "chat_template_kwargs");
+    if (kw && !cJSON_IsObject(kw)) return fail_p(e, 400, "chat_template_kwargs", "\"chat_template_kwargs\" must be an object");
+    cJSON *msgs = NULL;
+    if (chat_messages(o, &msgs, e)) return -1;
+    cJSON *extra = kw ? cJSON_Duplicate(kw, 1) : cJSON_CreateObject();
+    const cJSON *tools = field(o, "tools");
+    if (extra && tools) cJSON_AddItemToObject(extra, "tools", cJSON_Duplicate(tools, 1));
+    char err[400] = "";
+    int rc = extra ? chat_render(ctx->chat, msgs, add_gen, cont, extra, &ctx->specials, text, err, sizeof err) : -1;
+    cJSON_Delete(msgs);
+    cJSON_Delete(extra);
+    if (rc == -2) return fail_p(e, 400, "messages", "%s", err);
+    if (rc) return fail_p(e, 400, "messages", "chat template %s: %s", chat_template_name(ctx->chat), err);
+    return 0;
+}
+
+static int parse_chat(const api_ctx *ctx, const cJSON *o, api_job *j, api_error *e)
+{
+    gen_params g;
+    long n = 1, n_top = 0, mct = -1;
+    int rc = -1, add_special = 0, lp = 0;
+    input *in = NULL;
+    char *text = NULL;
+    if (check_model(ctx, o, e)) return -1;
+    if (parse_gen_params(ctx, o, &g, e)) return -1;
+    if (get_int(o, "max_completion_tokens", 0, ctx->max_seq_len, &mct, e) || get_int(o, "n", 1, API_MAX_N, &n, e) ||
+        get_bool(o, "logprobs", &lp, e) || get_int(o, "top_logprobs", 0, API_MAX_TOP, &n_top, e) ||
+        get_bool(o, "stream", &j->stream, e) || get_bool(o, "echo", &j->echo, e) ||
+        get_bool(o, "add_special_tokens", &add_special, e) || parse_stream_options(o, j, e))
+        goto out;
+    if (field(o, "top_logprobs") && !lp) {
+        fail_p(e, 400, "top_logprobs", "\"top_logprobs\" needs \"logprobs\": true");
+        goto out;
+    }
+    if (j->echo) { fail_p(e, 400, "echo", "\"echo\" is not supported on /v1/chat/completions"); goto out; }
+    const cJSON *rf = field(o, "response_format");
+    if (rf) {
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(rf, "type");
+        if (!cJSON_IsObject(rf) || !cJSON_IsString(type) || strcmp(type->valuestring, "text")) {
+            fail_p(e, 400, "response_format", "\"response_format\": only {\"type\": \"text\"} is supported (no "
+                                              "structured output)");
+            goto out;
+        }
+    }
+    const cJSON *tools = field(o, "tools"), *tc = field(o, "tool_choice");
+    if (tools && !cJSON_IsArray(tools)) { fail_p(e, 400, "tools", "\"tools\" must be an array"); goto out; }
+    if ((tools && cJSON_GetArraySize(tools) > 0) || tc) {
+        if (!tc || !cJSON_IsString(tc) || strcmp(tc->valuestring, "none")) {
+            fail_p(e, 400, "tool_choice", "tool calls are not supported: with \"tools\", \"tool_choice\" must be \"none\"");
+            goto out;
+        }
+    }
+    j->logprobs = lp;
+    j->n_top = (int)n_top;
+    if (chat_prompt(ctx, o, &text, e)) goto out;
+    in = calloc(1, sizeof *in);
+    if (!in) { fail(e, 500, "out of memory"); goto out; }
+    if (encode(ctx, text, add_special, &in->ids, &in->n, e)) goto out;
+    /* max_completion_tokens is OpenAI's newer name; without either, the
+     * reply may fill the context (vLLM's default) */
+    if (mct >= 0 && field(o, "max_tokens") && mct != g.max_tokens) {
+        fail_p(e, 400, "max_completion_tokens", "\"max_tokens\" and \"max_completion_tokens\" disagree");
+        goto out;
+    }
+    if (mct >= 0) g.max_tokens = mct;
+    else if (!field(o, "max_tokens")) g.max_tokens = ctx->max_seq_len - in->n > 0 ? ctx->max_seq_len - in->n : 0;
+    if (check_min_tokens(&g, e) || check_context(ctx, in->n, g.max_tokens, 0, 0, e)) goto out;
+    if (n > ctx->max_tasks) { fail_p(e, 400, "n", "n = %ld sequences; at most %d per request", n, ctx->max_tasks); goto out; }
+    j->n_inputs = 1;
+    j->n = (int)n;
+    if (job_alloc(j, (int)n)) { fail(e, 500, "out of memory"); goto out; }
+    uint64_t base = g.has_seed ? g.seed : random_seed();
+    for (int c = 0; c < n; c++) {
+        sched_task *t = &j->client->tasks[c];
+        fill_task(ctx, t, &g, in, g.has_seed ? base + (uint64_t)c : random_seed());
+        t->logprobs = j->logprobs;
+        t->n_top = j->n_top;
+        if (copy_prompt(t, in) || copy_stops_and_bias(t, &g)) { fail(e, 500, "out of memory"); goto out; }
+    }
+    rc = 0;
+out:
+    free(text);
+    gen_params_free(&g);
+    inputs_free(in, in ? 1 : 0);
     return rc;
 }
 
@@ -591,10 +909,13 @@ int api_parse(const api_ctx *ctx, int kind, const char *body, size_t len, api_jo
     j->ctx = ctx;
     j->created = (long)srv_wall();
     static _Atomic unsigned long next_id;
-    snprintf(j->id, sizeof j->id, "%s-%016llx", kind == API_COMPLETIONS ? "cmpl" : "req",
+    snprintf(j->id, sizeof j->id, "%s-%016llx", kind == API_COMPLETIONS ? "cmpl" : kind == API_CHAT ? "chatcmpl" : "req",
              (unsigned long long)kda_splitmix64(random_seed() ^ atomic_fetch_add(&next_id, 1)));
-    int rc = kind == API_GENERATE ? parse_generate(ctx, o, j, e)
+    int rc = api_check_fields(kind, o, e);
+    if (!rc)
+        rc = kind == API_GENERATE ? parse_generate(ctx, o, j, e)
            : kind == API_SCORE ? parse_score(ctx, o, j, e)
+           : kind == API_CHAT ? parse_chat(ctx, o, j, e)
            : parse_completions(ctx, o, j, e);
     cJSON_Delete(o);
     if (rc) { api_job_free(j); return -1; }
@@ -609,7 +930,7 @@ static const char *finish_name(int kind, int finish)
 {
     switch (finish) {
     case SCHED_FINISH_LENGTH: return "length";
-    case SCHED_FINISH_EOS: return kind == API_COMPLETIONS ? "stop" : "eos";   /* OpenAI has no "eos" */
+    case SCHED_FINISH_EOS: return kind == API_GENERATE ? "eos" : "stop";   /* OpenAI has no "eos" */
     case SCHED_FINISH_STOP: return "stop";
     case SCHED_FINISH_ABORT: return "abort";
     case SCHED_FINISH_ERROR: return "error";
@@ -625,16 +946,32 @@ static char *print_json(cJSON *o, size_t *len)
     return s;
 }
 
-char *api_error_json(int status, const char *message, size_t *len)
+char *api_error_json_param(int status, const char *message, const char *param, size_t *len)
 {
     const char *type = status == 401 ? "authentication_error"
+                     : status == 404 ? "not_found_error"
                      : status == 503 ? "service_unavailable"
                      : status >= 500 ? "server_error" : "invalid_request_error";
     cJSON *o = cJSON_CreateObject(), *err = cJSON_AddObjectToObject(o, "error");
     add_text(err, "message", message, strlen(message));
     cJSON_AddStringToObject(err, "type", type);
+    if (param && param[0]) cJSON_AddStringToObject(err, "param", param);
+    else cJSON_AddNullToObject(err, "param");
     cJSON_AddNumberToObject(err, "code", status);
     return print_json(o, len);
+}
+
+char *api_error_json(int status, const char *message, size_t *len)
+{
+    return api_error_json_param(status, message, NULL, len);
+}
+
+/* Integers up to 2^53 exactly (cJSON prints large doubles in exponent form). */
+static void add_u53(cJSON *o, const char *name, uint64_t v)
+{
+    char buf[24];
+    snprintf(buf, sizeof buf, "%llu", (unsigned long long)v);
+    cJSON_AddRawToObject(o, name, buf);
 }
 
 static cJSON *usage(long prompt, long completion)
@@ -745,16 +1082,66 @@ static cJSON *oa_envelope(const api_job *j)
 {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "id", j->id);
-    cJSON_AddStringToObject(o, "object", "text_completion");
+    cJSON_AddStringToObject(o, "object", j->kind == API_CHAT ? (j->stream ? "chat.completion.chunk" : "chat.completion")
+                                                             : "text_completion");
     cJSON_AddNumberToObject(o, "created", (double)j->created);
     cJSON_AddStringToObject(o, "model", j->ctx->model_name);
     return o;
 }
 
+/* Chat logprobs: one {token, logprob, bytes, top_logprobs} per id; token is
+ * the id's text (U+FFFD where it is not whole UTF-8), bytes its exact bytes. */
+static cJSON *chat_token(const api_ctx *ctx, int32_t id, float lp, int with_top)
+{
+    char buf[256];
+    size_t n = token_text(ctx, id, buf, sizeof buf);
+    cJSON *t = cJSON_CreateObject();
+    add_text(t, "token", buf, n);
+    cJSON_AddNumberToObject(t, "logprob", lp);
+    cJSON *b = cJSON_AddArrayToObject(t, "bytes");
+    for (size_t i = 0; i < n; i++) cJSON_AddItemToArray(b, cJSON_CreateNumber((unsigned char)buf[i]));
+    if (with_top) cJSON_AddArrayToObject(t, "top_logprobs");
+    return t;
+}
+
+static cJSON *chat_logprobs(const api_ctx *ctx, const sched_out *o, int n_top)
+{
+    cJSON *lp = cJSON_CreateObject(), *content = cJSON_AddArrayToObject(lp, "content");
+    for (int i = 0; i < o->n; i++) {
+        cJSON *t = chat_token(ctx, o->ids[i], o->lps[i], 1), *top = cJSON_GetObjectItem(t, "top_logprobs");
+        for (int k = 0; k < n_top; k++)
+            cJSON_AddItemToArray(top, chat_token(ctx, o->top_ids[(size_t)i * n_top + k], o->top_lps[(size_t)i * n_top + k], 0));
+        cJSON_AddItemToArray(content, t);
+    }
+    return lp;
+}
+
+/* Text of one choice: the echoed prompt (if any) and the output. */
+static void add_choice_text(cJSON *ch, const char *name, const char *echo, const char *s, size_t n)
+{
+    size_t el = strlen(echo);
+    char *text = malloc(el + n + 1);
+    if (text) {
+        memcpy(text, echo, el);
+        if (n) memcpy(text + el, s, n);
+    }
+    add_text(ch, name, text, text ? el + n : 0);
+    free(text);
+}
+
+static void usage_totals(const api_job *j, long *np, long *ng)
+{
+    *np = *ng = 0;
+    for (int i = 0; i < j->client->n_tasks; i++) {
+        if (i % j->n == 0) *np += j->client->tasks[i].n_prompt;
+        *ng += j->client->tasks[i].n_gen;
+    }
+}
+
 static cJSON *score_result(const sched_task *t)
 {
     cJSON *r = cJSON_CreateObject();
-    cJSON_AddItemToObject(r, "tokens", cJSON_CreateIntArray((const int *)t->prompt, t->n_prompt));
+    cJSON_AddItemToObject(r, "tokens", int_array(t->prompt, t->n_prompt));
     cJSON *lps = cJSON_AddArrayToObject(r, "token_logprobs");
     double sum = 0;
     for (int i = 0; i + 1 < t->n_prompt; i++) {
@@ -791,12 +1178,12 @@ char *api_render(api_job *j, int *status, size_t *len)
         const sched_task *t = &c->tasks[0];
         o = cJSON_CreateObject();
         add_text(o, "text", t->out.text, t->out.len);
-        cJSON_AddItemToObject(o, "tokens", cJSON_CreateIntArray((const int *)t->out.ids, t->out.n));
+        cJSON_AddItemToObject(o, "tokens", int_array(t->out.ids, t->out.n));
         cJSON_AddStringToObject(o, "finish_reason", finish_name(j->kind, t->finish));
         if (j->logprobs) cJSON_AddItemToObject(o, "logprobs", generate_logprobs(&t->out, t->n_top));
         cJSON_AddItemToObject(o, "usage", usage(t->n_prompt, t->n_gen));
         cJSON_AddItemToObject(o, "timings", timings(t));
-        cJSON_AddNumberToObject(o, "seed", (double)t->seed);
+        add_u53(o, "seed", t->seed);
     } else if (j->kind == API_SCORE) {
         long n_tok = 0;
         for (int i = 0; i < c->n_tasks; i++) n_tok += c->tasks[i].n_prompt;
@@ -811,36 +1198,35 @@ char *api_render(api_job *j, int *status, size_t *len)
     } else {
         o = oa_envelope(j);
         cJSON *choices = cJSON_AddArrayToObject(o, "choices");
-        long n_prompt = 0, n_gen = 0;
         for (int i = 0; i < c->n_tasks; i++) {
             const sched_task *t = &c->tasks[i];
-            const char *echo = j->echo ? j->echo_text[i / j->n] : "";
-            if (i % j->n == 0) n_prompt += t->n_prompt;
-            n_gen += t->n_gen;
             cJSON *ch = cJSON_CreateObject();
             cJSON_AddNumberToObject(ch, "index", i);
-            size_t el = strlen(echo);
-            char *text = malloc(el + t->out.len + 1);
-            if (text) {
-                memcpy(text, echo, el);
-                if (t->out.len) memcpy(text + el, t->out.text, t->out.len);
-            }
-            add_text(ch, "text", text, text ? el + t->out.len : 0);
-            free(text);
-            if (j->logprobs) {
-                oa_logprobs l;
-                size_t off = 0;
-                oa_init(&l);
-                if (j->echo) oa_add_prompt(ctx, &l, t, &off);
-                oa_add_out(ctx, &l, &t->out, t->n_top, &off);
-                cJSON_AddItemToObject(ch, "logprobs", l.obj);
+            if (j->kind == API_CHAT) {
+                cJSON *msg = cJSON_AddObjectToObject(ch, "message");
+                cJSON_AddStringToObject(msg, "role", "assistant");
+                add_text(msg, "content", t->out.text, t->out.len);
+                if (j->logprobs) cJSON_AddItemToObject(ch, "logprobs", chat_logprobs(ctx, &t->out, t->n_top));
+                else cJSON_AddNullToObject(ch, "logprobs");
             } else {
-                cJSON_AddNullToObject(ch, "logprobs");
+                add_choice_text(ch, "text", j->echo ? j->echo_text[i / j->n] : "", t->out.text, t->out.len);
+                if (j->logprobs) {
+                    oa_logprobs l;
+                    size_t off = 0;
+                    oa_init(&l);
+                    if (j->echo) oa_add_prompt(ctx, &l, t, &off);
+                    oa_add_out(ctx, &l, &t->out, t->n_top, &off);
+                    cJSON_AddItemToObject(ch, "logprobs", l.obj);
+                } else {
+                    cJSON_AddNullToObject(ch, "logprobs");
+                }
             }
             cJSON_AddStringToObject(ch, "finish_reason", finish_name(j->kind, t->finish));
             cJSON_AddItemToArray(choices, ch);
         }
-        cJSON_AddItemToObject(o, "usage", usage(n_prompt, n_gen));
+        long np, ng;
+        usage_totals(j, &np, &ng);
+        cJSON_AddItemToObject(o, "usage", usage(np, ng));
     }
     return print_json(o, len);
 }
@@ -854,6 +1240,76 @@ static void sse(api_buf *out, cJSON *o)
     api_buf_put(out, s, n);
     api_buf_put(out, "\n\n", 2);
     free(s);
+}
+
+/* One SSE chunk of an OpenAI stream with a single choice; the caller fills
+ * the choice. Non-final chunks carry "usage": null, or with
+ * continuous_usage_stats the choice's usage so far. */
+static cJSON *stream_chunk(const api_job *j, int i, cJSON **choice)
+{
+    cJSON *ev = oa_envelope(j), *choices = cJSON_AddArrayToObject(ev, "choices");
+    *choice = cJSON_CreateObject();
+    cJSON_AddNumberToObject(*choice, "index", i);
+    cJSON_AddItemToArray(choices, *choice);
+    const sched_task *t = &j->client->tasks[i];
+    if (j->continuous_usage) cJSON_AddItemToObject(ev, "usage", usage(t->n_prompt, t->n_gen));
+    else cJSON_AddNullToObject(ev, "usage");
+    return ev;
+}
+
+static void stream_completion(api_job *j, int i, const sched_out *o, int fin, int echo_now, api_buf *out)
+{
+    const api_ctx *ctx = j->ctx;
+    sched_task *t = &j->client->tasks[i];
+    cJSON *ch, *ev = stream_chunk(j, i, &ch);
+    add_choice_text(ch, "text", echo_now ? j->echo_text[i / j->n] : "", o->text, o->len);
+    if (j->logprobs) {
+        oa_logprobs l;
+        oa_init(&l);
+        if (echo_now) oa_add_prompt(ctx, &l, t, &j->text_off[i]);
+        oa_add_out(ctx, &l, o, t->n_top, &j->text_off[i]);
+        cJSON_AddItemToObject(ch, "logprobs", l.obj);
+    } else {
+        cJSON_AddNullToObject(ch, "logprobs");
+    }
+    if (fin) cJSON_AddStringToObject(ch, "finish_reason", finish_name(j->kind, fin));
+    else cJSON_AddNullToObject(ch, "finish_reason");
+    sse(out, ev);
+}
+
+/* Chat: the first chunk of a choice is its role, then content deltas, then
+ * an empty delta with the finish reason (OpenAI's sequence). */
+static void stream_chat(api_job *j, int i, const sched_out *o, int fin, api_buf *out)
+{
+    const api_ctx *ctx = j->ctx;
+    sched_task *t = &j->client->tasks[i];
+    cJSON *ch, *ev;
+    if (!j->started[i]) {
+        ev = stream_chunk(j, i, &ch);
+        cJSON *d = cJSON_AddObjectToObject(ch, "delta");
+        cJSON_AddStringToObject(d, "role", "assistant");
+        cJSON_AddStringToObject(d, "content", "");
+        cJSON_AddNullToObject(ch, "logprobs");
+        cJSON_AddNullToObject(ch, "finish_reason");
+        sse(out, ev);
+        j->started[i] = 1;
+    }
+    if (o->n || o->len) {
+        ev = stream_chunk(j, i, &ch);
+        cJSON *d = cJSON_AddObjectToObject(ch, "delta");
+        add_text(d, "content", o->text, o->len);
+        if (j->logprobs) cJSON_AddItemToObject(ch, "logprobs", chat_logprobs(ctx, o, t->n_top));
+        else cJSON_AddNullToObject(ch, "logprobs");
+        cJSON_AddNullToObject(ch, "finish_reason");
+        sse(out, ev);
+    }
+    if (fin) {
+        ev = stream_chunk(j, i, &ch);
+        cJSON_AddObjectToObject(ch, "delta");
+        cJSON_AddNullToObject(ch, "logprobs");
+        cJSON_AddStringToObject(ch, "finish_reason", finish_name(j->kind, fin));
+        sse(out, ev);
+    }
 }
 
 int api_render_stream(api_job *j, api_buf *out)
@@ -876,15 +1332,17 @@ int api_render_stream(api_job *j, api_buf *out)
     pthread_mutex_unlock(&c->mu);
 
     size_t before = out->len;
-    const api_ctx *ctx = j->ctx;
     int n_reported = 0;
     for (int i = 0; i < n; i++) {
         if (j->reported[i]) { n_reported++; continue; }
         sched_task *t = &c->tasks[i];
         sched_out *o = &j->spare[i];
-        int echo_now = j->echo && !j->started[i];
-        if (!o->n && !o->len && !fin[i] && !echo_now) continue;
-        j->started[i] = 1;
+        /* The echo chunk waits for the first output (or the end): the
+         * scheduler fills the prompt's log-probs before it publishes the
+         * first id, so they are final by then. */
+        int echo_now = j->echo && !j->started[i] && (o->n || fin[i]);
+        if (!o->n && !o->len && !fin[i] && !(j->kind == API_CHAT && !j->started[i])) continue;
+        if (j->kind != API_CHAT) j->started[i] |= echo_now || !j->echo;
         if (fin[i] == SCHED_FINISH_ERROR || (fin[i] == SCHED_FINISH_ABORT && t->error[0])) {
             size_t el = 0;
             char *ej = api_error_json(fin[i] == SCHED_FINISH_ERROR ? 500 : 503, t->error, &el);
@@ -897,52 +1355,28 @@ int api_render_stream(api_job *j, api_buf *out)
         } else if (j->kind == API_GENERATE) {
             cJSON *ev = cJSON_CreateObject();
             add_text(ev, "text", o->text, o->len);
-            cJSON_AddItemToObject(ev, "tokens", cJSON_CreateIntArray((const int *)o->ids, o->n));
+            cJSON_AddItemToObject(ev, "tokens", int_array(o->ids, o->n));
             if (j->logprobs) cJSON_AddItemToObject(ev, "logprobs", generate_logprobs(o, t->n_top));
             if (fin[i]) {
                 cJSON_AddStringToObject(ev, "finish_reason", finish_name(j->kind, fin[i]));
                 cJSON_AddItemToObject(ev, "usage", usage(t->n_prompt, t->n_gen));
                 cJSON_AddItemToObject(ev, "timings", timings(t));
-                cJSON_AddNumberToObject(ev, "seed", (double)t->seed);
+                add_u53(ev, "seed", t->seed);
             }
             sse(out, ev);
+        } else if (j->kind == API_CHAT) {
+            stream_chat(j, i, o, fin[i], out);
         } else {
-            cJSON *ev = oa_envelope(j), *choices = cJSON_AddArrayToObject(ev, "choices"), *ch = cJSON_CreateObject();
-            cJSON_AddNumberToObject(ch, "index", i);
-            const char *echo = echo_now ? j->echo_text[i / j->n] : "";
-            size_t el = strlen(echo);
-            char *text = malloc(el + o->len + 1);
-            if (text) {
-                memcpy(text, echo, el);
-                if (o->len) memcpy(text + el, o->text, o->len);
-            }
-            add_text(ch, "text", text, text ? el + o->len : 0);
-            free(text);
-            if (j->logprobs) {
-                oa_logprobs l;
-                oa_init(&l);
-                if (echo_now) oa_add_prompt(ctx, &l, t, &j->text_off[i]);
-                oa_add_out(ctx, &l, o, t->n_top, &j->text_off[i]);
-                cJSON_AddItemToObject(ch, "logprobs", l.obj);
-            } else {
-                cJSON_AddNullToObject(ch, "logprobs");
-            }
-            if (fin[i]) cJSON_AddStringToObject(ch, "finish_reason", finish_name(j->kind, fin[i]));
-            else cJSON_AddNullToObject(ch, "finish_reason");
-            cJSON_AddItemToArray(choices, ch);
-            sse(out, ev);
+            stream_completion(j, i, o, fin[i], echo_now, out);
         }
         o->len = 0;
         o->n = 0;
         if (fin[i]) { j->reported[i] = 1; n_reported++; }
     }
     if (n_reported == n) {
-        if (j->kind == API_COMPLETIONS && j->include_usage) {
-            long np = 0, ng = 0;
-            for (int i = 0; i < n; i++) {
-                if (i % j->n == 0) np += c->tasks[i].n_prompt;
-                ng += c->tasks[i].n_gen;
-            }
+        if ((j->kind == API_COMPLETIONS || j->kind == API_CHAT) && j->include_usage) {
+            long np, ng;
+            usage_totals(j, &np, &ng);
             cJSON *ev = oa_envelope(j);
             cJSON_AddArrayToObject(ev, "choices");
             cJSON_AddItemToObject(ev, "usage", usage(np, ng));
@@ -966,39 +1400,73 @@ static cJSON *parse_object(const char *body, size_t len, api_error *e)
     return o;
 }
 
+static cJSON *pieces_of(const api_ctx *ctx, const int32_t *ids, int n)
+{
+    cJSON *p = cJSON_CreateArray();
+    for (int i = 0; i < n; i++) {
+        const char *s = tok_id_to_piece(ctx->tok, ids[i]);
+        char *clean = utf8_clean(s ? s : "", s ? strlen(s) : 0);
+        cJSON_AddItemToArray(p, cJSON_CreateString(clean ? clean : ""));
+        free(clean);
+    }
+    return p;
+}
+
+/* vLLM's /tokenize (prompt or messages; add_special_tokens; token_strs;
+ * max_model_len) plus our own spellings (text, add_bos, with_pieces). */
 char *api_tokenize(const api_ctx *ctx, const char *body, size_t len, api_error *e, size_t *out_len)
 {
     cJSON *o = parse_object(body, len, e);
     if (!o) return NULL;
-    int add_bos = 1, with_pieces = 0;
-    cJSON *text = field(o, "text");
-    if (!text) text = field(o, "prompt");
+    int add_bos = 1, add_special = 1, with_pieces = 0, token_strs = 0;
+    cJSON *text = field(o, "prompt");
+    if (!text) text = field(o, "text");
     if (!text) text = field(o, "content");
-    char *res = NULL;
+    const cJSON *msgs = field(o, "messages");
+    char *res = NULL, *chat_text = NULL;
     int32_t *ids = NULL;
     int n = 0;
-    if (get_bool(o, "add_bos", &add_bos, e) || get_bool(o, "with_pieces", &with_pieces, e)) goto out;
-    if (!text || !cJSON_IsString(text)) { fail(e, 400, "\"text\" must be a string"); goto out; }
-    if (encode(ctx, text->valuestring, add_bos, &ids, &n, e)) goto out;
-    cJSON *r = cJSON_CreateObject();
-    cJSON_AddItemToObject(r, "tokens", cJSON_CreateIntArray((const int *)ids, n));
-    cJSON_AddNumberToObject(r, "count", n);
-    if (with_pieces) {
-        cJSON *p = cJSON_AddArrayToObject(r, "pieces");
-        for (int i = 0; i < n; i++) {
-            const char *s = tok_id_to_piece(ctx->tok, ids[i]);
-            char *clean = utf8_clean(s ? s : "", s ? strlen(s) : 0);
-            cJSON_AddItemToArray(p, cJSON_CreateString(clean ? clean : ""));
-            free(clean);
+    if (check_model(ctx, o, e) || get_bool(o, "add_bos", &add_bos, e) ||
+        get_bool(o, "add_special_tokens", &add_special, e) || get_bool(o, "with_pieces", &with_pieces, e) ||
+        get_bool(o, "return_token_strs", &token_strs, e))
+        goto out;
+    /* add_special_tokens is vLLM's name for add_bos; messages default to
+     * none, as the template writes its own BOS */
+    static const char *const spellings[] = {"prompt", "text", "content"};
+    for (int i = 0; i < 3; i++)
+        if (field(o, spellings[i]) && !cJSON_IsString(field(o, spellings[i]))) {
+            fail_p(e, 400, spellings[i], "\"%s\" must be a string", spellings[i]);
+            goto out;
         }
+    int ignored;
+    const cJSON *kw = field(o, "chat_template_kwargs");
+    if (get_bool(o, "add_generation_prompt", &ignored, e) || get_bool(o, "continue_final_message", &ignored, e)) goto out;
+    if (kw && !cJSON_IsObject(kw)) { fail_p(e, 400, "chat_template_kwargs", "\"chat_template_kwargs\" must be an object"); goto out; }
+    int add = field(o, "add_special_tokens") ? add_special : field(o, "add_bos") ? add_bos : !msgs;
+    if (msgs) {
+        if (text) { fail_p(e, 400, "messages", "give \"prompt\" or \"messages\", not both"); goto out; }
+        if (chat_prompt(ctx, o, &chat_text, e)) goto out;
+    } else if (!text || !cJSON_IsString(text)) {
+        fail_p(e, 400, "prompt", "\"prompt\" (or \"text\") must be a string, or give \"messages\"");
+        goto out;
     }
+    if (encode(ctx, chat_text ? chat_text : text->valuestring, add, &ids, &n, e)) goto out;
+    cJSON *r = cJSON_CreateObject();
+    cJSON_AddItemToObject(r, "tokens", int_array(ids, n));
+    cJSON_AddNumberToObject(r, "count", n);
+    cJSON_AddNumberToObject(r, "max_model_len", ctx->max_seq_len);
+    if (token_strs) cJSON_AddItemToObject(r, "token_strs", pieces_of(ctx, ids, n));
+    else cJSON_AddNullToObject(r, "token_strs");
+    if (with_pieces) cJSON_AddItemToObject(r, "pieces", pieces_of(ctx, ids, n));
     res = print_json(r, out_len);
 out:
     free(ids);
+    free(chat_text);
     cJSON_Delete(o);
     return res;
 }
 
+/* vLLM answers {"prompt"}; "text" is ours. */
 char *api_detokenize(const api_ctx *ctx, const char *body, size_t len, api_error *e, size_t *out_len)
 {
     cJSON *o = parse_object(body, len, e);
@@ -1006,11 +1474,13 @@ char *api_detokenize(const api_ctx *ctx, const char *body, size_t len, api_error
     char *res = NULL, *text = NULL, err[256];
     int32_t *ids = NULL;
     int n = 0;
+    if (check_model(ctx, o, e)) goto out;
     cJSON *t = field(o, "tokens");
-    if (!t || !cJSON_IsArray(t)) { fail(e, 400, "\"tokens\" must be an array of token ids"); goto out; }
+    if (!t || !cJSON_IsArray(t)) { fail_p(e, 400, "tokens", "\"tokens\" must be an array of token ids"); goto out; }
     if (get_tokens(ctx, t, "tokens", &ids, &n, e)) goto out;
-    if (tok_decode(ctx->tok, ids, n, &text, err, sizeof err) != 0) { fail(e, 400, "\"tokens\": %s", err); goto out; }
+    if (tok_decode(ctx->tok, ids, n, &text, err, sizeof err) != 0) { fail_p(e, 400, "tokens", "\"tokens\": %s", err); goto out; }
     cJSON *r = cJSON_CreateObject();
+    add_text(r, "prompt", text, strlen(text));
     add_text(r, "text", text, strlen(text));
     res = print_json(r, out_len);
 out:
@@ -1020,16 +1490,93 @@ out:
     return res;
 }
 
+static void add_token_string(cJSON *r, const char *name, const char *s)
+{
+    if (s && s[0]) cJSON_AddStringToObject(r, name, s);
+    else cJSON_AddNullToObject(r, name);
+}
+
+/* vLLM's /tokenizer_info: the tokenizer's configuration (lm-eval's remote
+ * tokenizer reads bos/eos/pad tokens and the chat template from it). */
+char *api_tokenizer_info(const api_ctx *ctx, size_t *out_len)
+{
+    cJSON *r = cJSON_CreateObject();
+    int bytes = tok_is_bytes(ctx->tok);
+    cJSON_AddStringToObject(r, "tokenizer_class", bytes ? "ByteTokenizer" : "LlamaTokenizer");
+    cJSON_AddStringToObject(r, "kda_tokenizer", bytes ? "bytes" : "sentencepiece");
+    char eos[8] = "";
+    if (bytes && ctx->eos_id > 0 && ctx->eos_id < 0x80) eos[0] = (char)ctx->eos_id;   /* its text is the byte */
+    add_token_string(r, "bos_token", bytes ? NULL : ctx->specials.bos);
+    add_token_string(r, "eos_token", bytes ? eos : ctx->specials.eos);
+    cJSON_AddNullToObject(r, "pad_token");
+    const char *unk = bytes ? NULL : tok_id_to_piece(ctx->tok, 0);
+    add_token_string(r, "unk_token", unk && !strcmp(unk, "<unk>") ? unk : NULL);
+    if (ctx->bos_id >= 0) cJSON_AddNumberToObject(r, "bos_token_id", ctx->bos_id);
+    else cJSON_AddNullToObject(r, "bos_token_id");
+    if (ctx->eos_id >= 0) cJSON_AddNumberToObject(r, "eos_token_id", ctx->eos_id);
+    else cJSON_AddNullToObject(r, "eos_token_id");
+    cJSON_AddBoolToObject(r, "add_bos_token", ctx->bos_id >= 0);
+    cJSON_AddBoolToObject(r, "add_eos_token", 0);
+    cJSON_AddNumberToObject(r, "vocab_size", ctx->vocab_size);
+    cJSON_AddNumberToObject(r, "model_max_length", ctx->max_seq_len);
+    if (ctx->chat) cJSON_AddStringToObject(r, "chat_template", chat_template_source(ctx->chat));
+    else cJSON_AddNullToObject(r, "chat_template");
+    return print_json(r, out_len);
+}
+
+static cJSON *model_object(const api_ctx *ctx)
+{
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "id", ctx->model_name);
+    cJSON_AddStringToObject(m, "object", "model");
+    cJSON_AddNumberToObject(m, "created", (double)ctx->created);
+    cJSON_AddStringToObject(m, "owned_by", "kda");
+    cJSON_AddStringToObject(m, "root", ctx->model_name);
+    cJSON_AddNullToObject(m, "parent");
+    cJSON_AddNumberToObject(m, "max_model_len", ctx->max_seq_len);
+    return m;
+}
+
 char *api_models(const api_ctx *ctx, size_t *out_len)
 {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "object", "list");
-    cJSON *data = cJSON_AddArrayToObject(o, "data"), *m = cJSON_CreateObject();
-    cJSON_AddStringToObject(m, "id", ctx->model_name);
-    cJSON_AddStringToObject(m, "object", "model");
-    cJSON_AddNumberToObject(m, "created", (double)(long)srv_wall());
-    cJSON_AddStringToObject(m, "owned_by", "kda");
-    cJSON_AddNumberToObject(m, "max_model_len", ctx->max_seq_len);
-    cJSON_AddItemToArray(data, m);
+    cJSON *data = cJSON_AddArrayToObject(o, "data");
+    cJSON_AddItemToArray(data, model_object(ctx));
     return print_json(o, out_len);
+}
+
+char *api_model(const api_ctx *ctx, const char *id, api_error *e, size_t *out_len)
+{
+    if (strcmp(id, ctx->model_name)) {
+        fail_p(e, 404, "model", "The model `%.200s` does not exist (this server serves \"%s\")", id, ctx->model_name);
+        return NULL;
+    }
+    return print_json(model_object(ctx), out_len);
+}
+
+int api_ctx_init(api_ctx *ctx, const char *model_dir, const char *chat_template_flag, char *err, size_t errlen)
+{
+    memset(&ctx->specials, 0, sizeof ctx->specials);
+    ctx->created = (long)srv_wall();
+    if (chat_template_load(chat_template_flag, model_dir, &ctx->chat, &ctx->specials, err, errlen)) return -1;
+    /* without tokenizer_config.json, SentencePiece's own control pieces */
+    if (!tok_is_bytes(ctx->tok)) {
+        const char *b = ctx->bos_id >= 0 ? tok_id_to_piece(ctx->tok, ctx->bos_id) : NULL;
+        const char *s = ctx->eos_id >= 0 ? tok_id_to_piece(ctx->tok, ctx->eos_id) : NULL;
+        if (!ctx->specials.bos[0] && b && strlen(b) < sizeof ctx->specials.bos)
+            snprintf(ctx->specials.bos, sizeof ctx->specials.bos, "%s", b);
+        if (!ctx->specials.eos[0] && s && strlen(s) < sizeof ctx->specials.eos)
+            snprintf(ctx->specials.eos, sizeof ctx->specials.eos, "%s", s);
+    } else {
+        /* bytes: every id is a byte; no string stands for another id */
+        ctx->specials.bos[0] = ctx->specials.eos[0] = '\0';
+    }
+    return 0;
+}
+
+void api_ctx_free(api_ctx *ctx)
+{
+    chat_template_free(ctx->chat);
+    ctx->chat = NULL;
 }

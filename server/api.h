@@ -9,11 +9,12 @@
 
 #include <stddef.h>
 
+#include "chat.h"
 #include "scheduler.h"
 #include "tokenizer.h"
 
 /* What the endpoints need to know about the loaded model. Set once before
- * the server reports ready; read-only afterwards. */
+ * the server reports ready (api_ctx_init); read-only afterwards. */
 typedef struct {
     const tok_tokenizer *tok;
     int vocab_size;
@@ -22,14 +23,24 @@ typedef struct {
     const char *model_name; /* served in /v1/models and responses */
     int max_tasks;          /* sequences one request may create (prompts x n) */
     const kda_model_info *info;   /* family, device, sizes: for /props */
+    chat_template *chat;    /* NULL: chat requests get a 400 saying why */
+    chat_specials specials; /* bos/eos token strings; in text they stand for the ids (as HF tokenizers parse them) */
+    long created;           /* /v1/models "created": when the model was loaded */
 } api_ctx;
+
+/* Fills the chat template (--chat-template flag, else the model directory's)
+ * and the special-token strings. Returns 0, or -1 with err (a named template
+ * that cannot be loaded: a setup error). */
+int api_ctx_init(api_ctx *ctx, const char *model_dir, const char *chat_template_flag, char *err, size_t errlen);
+void api_ctx_free(api_ctx *ctx);
 
 typedef struct {
     int status;             /* HTTP status */
     char message[400];
+    char param[64];         /* the request field at fault, "" if none (OpenAI's error.param) */
 } api_error;
 
-enum { API_GENERATE, API_SCORE, API_COMPLETIONS };
+enum { API_GENERATE, API_SCORE, API_COMPLETIONS, API_CHAT };
 
 typedef struct { char *p; size_t len, cap; } api_buf;
 int api_buf_put(api_buf *b, const char *s, size_t n);
@@ -38,7 +49,7 @@ void api_buf_free(api_buf *b);
 typedef struct api_job api_job;
 struct api_job {
     int kind;
-    int stream, echo, include_usage;
+    int stream, echo, include_usage, continuous_usage;
     int n;                  /* choices per prompt (completions) */
     int n_inputs;           /* prompts, or texts to score */
     int single;             /* score: "text"/"tokens" rather than "texts" */
@@ -50,7 +61,7 @@ struct api_job {
     sched_client *client;   /* n_inputs * n tasks, prompt-major */
     sched_out *spare;       /* [n_tasks] drained output (streaming) */
     int *reported;          /* [n_tasks] final chunk rendered */
-    int *started;           /* [n_tasks] first chunk rendered (echo) */
+    int *started;           /* [n_tasks] first chunk rendered (echo; chat: the role delta) */
     size_t *text_off;       /* [n_tasks] characters streamed so far (logprobs text_offset) */
     int ended;              /* the last SSE event has been rendered */
     const api_ctx *ctx;
@@ -68,10 +79,16 @@ char *api_render(api_job *j, int *status, size_t *len);
  * call (or a heartbeat comment). Returns 1 once "data: [DONE]" is appended. */
 int api_render_stream(api_job *j, api_buf *out);
 
+/* OpenAI error body: {"error": {"message", "type", "param", "code"}};
+ * param NULL or "" is null. */
 char *api_error_json(int status, const char *message, size_t *len);
+char *api_error_json_param(int status, const char *message, const char *param, size_t *len);
 /* Small endpoints: return a body or NULL with e filled. */
 char *api_tokenize(const api_ctx *ctx, const char *body, size_t len, api_error *e, size_t *out_len);
 char *api_detokenize(const api_ctx *ctx, const char *body, size_t len, api_error *e, size_t *out_len);
+char *api_tokenizer_info(const api_ctx *ctx, size_t *out_len);
 char *api_models(const api_ctx *ctx, size_t *out_len);
+/* GET /v1/models/{id}: NULL with a 404 in e for another id. */
+char *api_model(const api_ctx *ctx, const char *id, api_error *e, size_t *out_len);
 
 #endif

@@ -33,16 +33,30 @@
 #include "metrics.h"
 #include "webui.h"
 
-enum { ROUTE_GENERATE, ROUTE_SCORE, ROUTE_COMPLETIONS, ROUTE_MODELS, ROUTE_TOKENIZE, ROUTE_DETOKENIZE,
-       ROUTE_HEALTH, ROUTE_METRICS, ROUTE_WEBUI, ROUTE_PROPS, ROUTE_OTHER, N_ROUTES };
+/* server/openapi.json, embedded at build time (server/meson.build) */
+extern const unsigned char openapi_json[];
+extern const size_t openapi_json_len;
 
+enum { ROUTE_GENERATE, ROUTE_SCORE, ROUTE_COMPLETIONS, ROUTE_CHAT, ROUTE_MODELS, ROUTE_MODEL, ROUTE_TOKENIZE,
+       ROUTE_DETOKENIZE, ROUTE_V1_TOKENIZE, ROUTE_V1_DETOKENIZE, ROUTE_TOKENIZER_INFO, ROUTE_OPENAPI, ROUTE_HEALTH,
+       ROUTE_METRICS, ROUTE_WEBUI, ROUTE_PROPS, ROUTE_OTHER, N_ROUTES };
+
+/* Every route is described in server/openapi.json (tests/server/test_openapi.py
+ * checks this table against it). A path longer than "/" ending in '/' matches as
+ * a prefix. */
 static const struct { const char *path, *method; int public; } routes[N_ROUTES] = {
     [ROUTE_GENERATE] = {"/generate", "POST", 0},
     [ROUTE_SCORE] = {"/score", "POST", 0},
     [ROUTE_COMPLETIONS] = {"/v1/completions", "POST", 0},
+    [ROUTE_CHAT] = {"/v1/chat/completions", "POST", 0},
     [ROUTE_MODELS] = {"/v1/models", "GET", 0},
+    [ROUTE_MODEL] = {"/v1/models/", "GET", 0},
     [ROUTE_TOKENIZE] = {"/tokenize", "POST", 0},
     [ROUTE_DETOKENIZE] = {"/detokenize", "POST", 0},
+    [ROUTE_V1_TOKENIZE] = {"/v1/tokenize", "POST", 0},
+    [ROUTE_V1_DETOKENIZE] = {"/v1/detokenize", "POST", 0},
+    [ROUTE_TOKENIZER_INFO] = {"/tokenizer_info", "GET", 0},
+    [ROUTE_OPENAPI] = {"/openapi.json", "GET", 1},
     [ROUTE_HEALTH] = {"/health", "GET", 1},
     [ROUTE_METRICS] = {"/metrics", "GET", 1},
     [ROUTE_WEBUI] = {"/", "GET", 1},          /* the page asks for the key itself */
@@ -67,7 +81,7 @@ typedef struct {
     struct MHD_Connection *conn;
     int route;
     char method[8];
-    char url[128];
+    char url[512];
     char *body; size_t len, cap;
     int too_large;
     int responded;          /* a response is queued */
@@ -82,6 +96,36 @@ typedef struct {
 
 /* ---- responses ---- */
 
+/* CORS: with --allowed-origins, a request whose Origin is listed (or any,
+ * for "*") gets Access-Control-Allow-Origin on every response. */
+static const char *cors_origin(const http_conn *hc)
+{
+    const char *list = hc->h->o.allowed_origins;
+    if (!list) return NULL;
+    const char *origin = MHD_lookup_connection_value(hc->conn, MHD_HEADER_KIND, "Origin");
+    if (!origin) return NULL;
+    if (!strcmp(list, "*")) return "*";
+    size_t n = strlen(origin);
+    for (const char *p = list; *p;) {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        while (len && *p == ' ') { p++; len--; }
+        while (len && p[len - 1] == ' ') len--;
+        if (len == n && !strncmp(p, origin, n)) return origin;
+        if (!end) break;
+        p = end + 1;
+    }
+    return NULL;
+}
+
+static void add_cors(const http_conn *hc, struct MHD_Response *r)
+{
+    const char *origin = cors_origin(hc);
+    if (!origin) return;
+    MHD_add_response_header(r, "Access-Control-Allow-Origin", origin);
+    if (strcmp(origin, "*")) MHD_add_response_header(r, "Vary", "Origin");
+}
+
 static enum MHD_Result reply(http_conn *hc, int status, const char *ctype, char *body, size_t len, int retry_after)
 {
     static const char fallback[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"code\":500}}";
@@ -94,7 +138,8 @@ static enum MHD_Result reply(http_conn *hc, int status, const char *ctype, char 
         r = MHD_create_response_from_buffer(sizeof fallback - 1, (void *)fallback, MHD_RESPMEM_PERSISTENT);
     }
     if (!r) { free(body); return MHD_NO; }
-    MHD_add_response_header(r, "Content-Type", ctype);
+    if (ctype) MHD_add_response_header(r, "Content-Type", ctype);
+    add_cors(hc, r);
     if (retry_after) MHD_add_response_header(r, "Retry-After", "1");
     if (status == 405) MHD_add_response_header(r, "Allow", routes[hc->route].method);
     if (status == 401) MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
@@ -108,6 +153,33 @@ static enum MHD_Result reply(http_conn *hc, int status, const char *ctype, char 
 static enum MHD_Result reply_json(http_conn *hc, int status, char *body, size_t len)
 {
     return reply(hc, status, "application/json", body, len, status == 503);
+}
+
+static enum MHD_Result reply_api_error(http_conn *hc, const api_error *e)
+{
+    size_t len = 0;
+    char *body = api_error_json_param(e->status, e->message, e->param, &len);
+    return reply_json(hc, e->status, body, len);
+}
+
+/* CORS preflight: answered without an API key (browsers send none). */
+static enum MHD_Result reply_preflight(http_conn *hc)
+{
+    struct MHD_Response *r = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+    if (!r) return MHD_NO;
+    MHD_add_response_header(r, "Allow", "GET, POST, OPTIONS");
+    if (cors_origin(hc)) {
+        const char *want = MHD_lookup_connection_value(hc->conn, MHD_HEADER_KIND, "Access-Control-Request-Headers");
+        add_cors(hc, r);
+        MHD_add_response_header(r, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+        MHD_add_response_header(r, "Access-Control-Allow-Headers", want ? want : "Authorization, Content-Type, X-API-Key");
+        MHD_add_response_header(r, "Access-Control-Max-Age", "600");
+    }
+    enum MHD_Result ok = MHD_queue_response(hc->conn, 204, r);
+    MHD_destroy_response(r);
+    hc->status = 204;
+    hc->responded = 1;
+    return ok;
 }
 
 static enum MHD_Result reply_error(http_conn *hc, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -223,8 +295,7 @@ static enum MHD_Result submit(http_conn *hc, int kind)
     http_server *h = hc->h;
     api_error e = {0};
     api_job *job = NULL;
-    if (api_parse(h->ctx, kind, hc->body ? hc->body : "", hc->len, &job, &e))
-        return reply_error(hc, e.status, "%s", e.message);
+    if (api_parse(h->ctx, kind, hc->body ? hc->body : "", hc->len, &job, &e)) return reply_api_error(hc, &e);
     job->client->wake = wake;
     job->client->wake_arg = hc;
     int rc = sched_submit(h->s, job->client);
@@ -243,6 +314,7 @@ static enum MHD_Result submit(http_conn *hc, int kind)
     MHD_add_response_header(r, "Content-Type", "text/event-stream");
     MHD_add_response_header(r, "Cache-Control", "no-cache");
     MHD_add_response_header(r, "X-Accel-Buffering", "no");
+    add_cors(hc, r);
     enum MHD_Result ok = MHD_queue_response(hc->conn, MHD_HTTP_OK, r);
     MHD_destroy_response(r);
     hc->status = 200;
@@ -264,8 +336,12 @@ static enum MHD_Result dispatch(http_conn *hc)
         return reply(hc, 200, "text/plain; version=0.0.4", body, len, 0);
     }
     if (hc->route == ROUTE_WEBUI) return reply_page(hc);   /* static: served while loading too */
+    if (hc->route == ROUTE_OPENAPI) {
+        char *body = strndup((const char *)openapi_json, openapi_json_len);
+        return reply(hc, 200, "application/json", body, openapi_json_len, 0);
+    }
     if (state == STATE_LOADING) return reply_error(hc, 503, "the model is loading");
-    if (state == STATE_DRAINING && hc->route != ROUTE_MODELS)
+    if (state == STATE_DRAINING && hc->route != ROUTE_MODELS && hc->route != ROUTE_MODEL)
         return reply_error(hc, 503, "the server is shutting down");
     api_error e = {0};
     char *body = NULL;
@@ -273,13 +349,23 @@ static enum MHD_Result dispatch(http_conn *hc)
     case ROUTE_GENERATE: return submit(hc, API_GENERATE);
     case ROUTE_SCORE: return submit(hc, API_SCORE);
     case ROUTE_COMPLETIONS: return submit(hc, API_COMPLETIONS);
+    case ROUTE_CHAT: return submit(hc, API_CHAT);
     case ROUTE_MODELS: body = api_models(h->ctx, &len); break;
     case ROUTE_PROPS: body = webui_props(h->ctx, &len); break;
-    case ROUTE_TOKENIZE: body = api_tokenize(h->ctx, hc->body ? hc->body : "", hc->len, &e, &len); break;
-    case ROUTE_DETOKENIZE: body = api_detokenize(h->ctx, hc->body ? hc->body : "", hc->len, &e, &len); break;
+    case ROUTE_MODEL: body = api_model(h->ctx, hc->url + strlen(routes[ROUTE_MODEL].path), &e, &len); break;
+    case ROUTE_TOKENIZE: case ROUTE_V1_TOKENIZE:
+        body = api_tokenize(h->ctx, hc->body ? hc->body : "", hc->len, &e, &len);
+        break;
+    case ROUTE_DETOKENIZE: case ROUTE_V1_DETOKENIZE:
+        body = api_detokenize(h->ctx, hc->body ? hc->body : "", hc->len, &e, &len);
+        break;
+    case ROUTE_TOKENIZER_INFO: body = api_tokenizer_info(h->ctx, &len); break;
     default: return reply_error(hc, 404, "no route for %s %s", hc->method, hc->url);
     }
-    if (!body) return reply_error(hc, e.status ? e.status : 500, "%s", e.status ? e.message : "out of memory");
+    if (!body) {
+        if (!e.status) return reply_error(hc, 500, "out of memory");
+        return reply_api_error(hc, &e);
+    }
     return reply_json(hc, 200, body, len);
 }
 
@@ -310,12 +396,16 @@ static enum MHD_Result on_headers(http_conn *hc, const char *url, const char *me
     hc->route = ROUTE_OTHER;
     int path_known = 0;
     for (int r = 0; r < ROUTE_OTHER; r++) {
-        if (strcmp(url, routes[r].path) != 0 || (r == ROUTE_WEBUI && !h->o.webui)) continue;
+        size_t n = strlen(routes[r].path);
+        int prefix = n > 1 && routes[r].path[n - 1] == '/';
+        if (prefix ? strncmp(url, routes[r].path, n) != 0 || !url[n] : strcmp(url, routes[r].path) != 0) continue;
+        if (r == ROUTE_WEBUI && !h->o.webui) continue;
         path_known = 1;
         hc->route = r;
         if (strcmp(method, routes[r].method) == 0) break;
     }
     if (!path_known) return reply_error(hc, 404, "no route for %s %s", method, url);
+    if (!strcmp(method, "OPTIONS")) return reply_preflight(hc);
     if (strcmp(method, routes[hc->route].method) != 0)
         return reply_error(hc, 405, "%s %s is not allowed; use %s", method, url, routes[hc->route].method);
     if (!routes[hc->route].public && !authorized(h, hc->conn))

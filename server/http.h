@@ -18,6 +18,7 @@ typedef struct {
     const char *api_key;    /* NULL: no auth */
     size_t max_body;        /* bytes; larger bodies get 413 */
     int webui;              /* serve the playground page at GET / */
+    const char *allowed_origins;  /* CORS: comma-separated origins or "*"; NULL: no CORS headers */
 } http_opts;
 
 typedef struct http_server http_server;

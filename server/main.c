@@ -20,7 +20,9 @@
 #include "api.h"
 #include "engine.h"
 #include "http.h"
+#include "kda_version.h"
 #include "log.h"
+#include "metrics.h"
 #include "scheduler.h"
 #include "tokenizer.h"
 
@@ -30,6 +32,7 @@
 
 typedef struct {
     const char *model, *model_name, *host, *device, *api_key, *api_key_file, *name_map, *config_map;
+    const char *chat_template, *allowed_origins;
     int no_webui;
     int port, max_batch, max_queue, max_seq_len, threads, http_threads, step_tokens, step_tokens_idle, prefill_chunk;
     double grace_s, heartbeat_s, gpu_mem_fraction;
@@ -74,7 +77,12 @@ static void usage(FILE *f)
         "                         attn_prefill_split prof cpu_bf16_act (defaults: the measured best;\n"
         "                         bench/NOTES.md)\n"
         "  --no-webui             do not serve the playground page at GET /\n"
+        "  --chat-template T      chat format for /v1/chat/completions: llama-2, chatml, plain, or a\n"
+        "                         Jinja file (default: the model directory's own template, if any)\n"
+        "  --allowed-origins L    CORS: comma-separated origins allowed to call from a browser, or *\n"
+        "                         (default: none, no CORS headers)\n"
         "  --log-level L          error|warn|info|debug (default info)\n"
+        "  --version              print the version and exit\n"
         "  --help                 this text\n", KDA_DEFAULT_MODEL);
 }
 
@@ -103,7 +111,7 @@ static int parse_double(const char *flag, const char *s, double lo, double hi, d
     return 0;
 }
 
-/* Returns 0 to run, 1 to exit 0 (--help), -1 to exit 2. */
+/* Returns 0 to run, 1 to exit 0 (--help, --version), -1 to exit 2. */
 static int parse_flags(int argc, char **argv, flags *f)
 {
     *f = (flags){.host = "127.0.0.1", .device = "cpu", .port = 8080, .max_batch = 32, .max_queue = 256,
@@ -121,6 +129,7 @@ static int parse_flags(int argc, char **argv, flags *f)
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); return 1; }
         if (!strcmp(a, "--no-webui")) { f->no_webui = 1; continue; }
+        if (!strcmp(a, "--version")) { printf("kda-server %s (git %s)\n", KDA_PROJECT_VERSION, KDA_GIT_DESCRIBE); return 1; }
         if (i + 1 >= argc) {
             fprintf(stderr, "kda-server: unknown flag or missing value: %s (see --help)\n", a);
             return -1;
@@ -149,6 +158,8 @@ static int parse_flags(int argc, char **argv, flags *f)
             }
         }
         else if (!strcmp(a, "--api-key-file")) f->api_key_file = v;
+        else if (!strcmp(a, "--chat-template")) f->chat_template = v;
+        else if (!strcmp(a, "--allowed-origins")) f->allowed_origins = v;
         else if (!strcmp(a, "--log-level")) {
             int l = srv_log_parse_level(v);
             if (l < 0) { fprintf(stderr, "kda-server: --log-level must be error, warn, info or debug\n"); return -1; }
@@ -279,8 +290,9 @@ int main(int argc, char **argv)
     tok_tokenizer *tok = NULL;
     kda_engine *e = NULL;
     sched *s = NULL;
+    api_ctx ctx = {0};
     http_opts ho = {.host = f.host, .port = f.port, .threads = f.http_threads, .api_key = key,
-                    .max_body = (size_t)f.max_body, .webui = !f.no_webui};
+                    .max_body = (size_t)f.max_body, .webui = !f.no_webui, .allowed_origins = f.allowed_origins};
     if (http_start(&h, &ho, &port, err, sizeof err)) {
         srv_log(SRV_LOG_ERROR, "%s", err);
         goto out;
@@ -316,9 +328,16 @@ int main(int argc, char **argv)
      * kda-cli, so greedy output matches it. */
     int bos = tok_bos_id(tok);
     int eos = info->eos_id >= 0 && info->eos_id < info->vocab_size ? info->eos_id : tok_eos_id(tok);
-    api_ctx ctx = {.tok = tok, .vocab_size = info->vocab_size, .bos_id = bos, .eos_id = eos,
-                   .max_seq_len = info->max_seq_len, .model_name = name, .max_tasks = f.max_queue,
-                   .info = info};
+    ctx = (api_ctx){.tok = tok, .vocab_size = info->vocab_size, .bos_id = bos, .eos_id = eos,
+                    .max_seq_len = info->max_seq_len, .model_name = name, .max_tasks = f.max_queue,
+                    .info = info};
+    if (api_ctx_init(&ctx, model, f.chat_template, err, sizeof err)) {
+        srv_log(SRV_LOG_ERROR, "%s", err);
+        goto out;
+    }
+    srv_log(SRV_LOG_INFO, "chat template: %s", ctx.chat ? chat_template_name(ctx.chat)
+                                                       : "none (chat requests get 400; see --chat-template)");
+    metrics_set_model(name, (double)info->kv_pool_bytes + (double)info->state_pool_bytes);
     int max_batch = f.max_batch < info->max_seqs ? f.max_batch : info->max_seqs;
     /* step budgets by device (0 = not given): the CPU keeps its small steps;
      * on the GPU prompts go in large passes when nothing decodes, and in
@@ -366,6 +385,7 @@ int main(int argc, char **argv)
 out:
     http_stop(h);        /* first: no HTTP thread may touch the scheduler after this */
     sched_stop(s);
+    api_ctx_free(&ctx);
     if (e) kda_engine_close(e);
     if (tok) tok_close(tok);
     free(key);

@@ -37,6 +37,7 @@ struct run_seq {
     kda_sampling samp;
     tok_stream *ts;
     tok_stopper *stopper;       /* NULL without stop strings */
+    kda_logit_bias *bias;       /* [n_logit_bias + 1]: the task's, then EOS banned until min_tokens */
     int32_t sampled;            /* engine outputs of the current step */
     float sampled_lp;
     int32_t *top_ids;           /* [n_top] */
@@ -113,6 +114,7 @@ void sched_client_unref(sched_client *c)
         free(t->prompt);
         for (int k = 0; k < t->n_stops; k++) free(t->stops[k]);
         free(t->stops);
+        free(t->logit_bias);
         sched_out_free(&t->out);
         free(t->prompt_lps); free(t->prompt_top_ids); free(t->prompt_top_lps);
     }
@@ -205,8 +207,29 @@ static void run_seq_free(run_seq *r)
     if (!r) return;
     tok_stream_free(r->ts);
     if (r->stopper) tok_stopper_free(r->stopper);
-    free(r->gen); free(r->top_ids); free(r->top_lps);
+    free(r->gen); free(r->top_ids); free(r->top_lps); free(r->bias);
     free(r);
+}
+
+/* min_tokens: EOS gets -inf after the task's own biases while fewer ids than
+ * min_tokens exist; min_tokens_reached drops that entry. */
+static int min_tokens_bias(run_seq *r)
+{
+    const sched_task *t = r->t;
+    int ban = t->min_tokens > 0 && t->eos_id >= 0 && !t->ignore_eos;
+    if (!t->n_logit_bias && !ban) return 0;
+    r->bias = malloc((size_t)(t->n_logit_bias + 1) * sizeof *r->bias);
+    if (!r->bias) return -1;
+    if (t->n_logit_bias) memcpy(r->bias, t->logit_bias, (size_t)t->n_logit_bias * sizeof *r->bias);
+    r->bias[t->n_logit_bias] = (kda_logit_bias){t->eos_id, -INFINITY};
+    r->samp.logit_bias = r->bias;
+    r->samp.n_logit_bias = t->n_logit_bias + ban;
+    return 0;
+}
+
+static void min_tokens_reached(run_seq *r)
+{
+    if (r->n_gen >= r->t->min_tokens) r->samp.n_logit_bias = r->t->n_logit_bias;
 }
 
 static run_seq *run_seq_new(const tok_tokenizer *tok, sched_client *c, sched_task *t)
@@ -239,7 +262,25 @@ static run_seq *run_seq_new(const tok_tokenizer *tok, sched_client *c, sched_tas
         .repetition_penalty = t->repetition_penalty, .presence_penalty = t->presence_penalty,
         .frequency_penalty = t->frequency_penalty, .seed = t->seed, .n_prompt = t->n_prompt,
     };
+    if (min_tokens_bias(r)) {
+        run_seq_free(r);
+        return NULL;
+    }
     return r;
+}
+
+/* vLLM-style per-request figures; t's times are final (set under mu by
+ * task_finish, which runs on this thread). */
+static void report_finished(const sched_task *t, int finish)
+{
+    double admit = t->t_admit > 0 ? t->t_admit : t->t_end, first = t->t_first > 0 ? t->t_first : t->t_end;
+    metrics_finished f = {
+        .reason = finish == SCHED_FINISH_LENGTH ? "length" : finish == SCHED_FINISH_ABORT ? "abort"
+                : finish == SCHED_FINISH_ERROR ? "error" : "stop",
+        .queue_s = admit - t->t_submit, .prefill_s = first - admit, .decode_s = t->t_end - first,
+        .e2e_s = t->t_end - t->t_submit, .n_prompt = t->n_prompt, .n_gen = t->n_gen, .max_tokens = t->max_tokens,
+    };
+    metrics_request_finished(&f);
 }
 
 /* Publishes the end of a task and schedules its wake-up. The engine
@@ -249,7 +290,8 @@ static void task_finish(sched *s, run_seq *r, int finish, const char *error)
     sched_task *t = r->t;
     sched_client *c = r->c;
     pthread_mutex_lock(&c->mu);
-    if (!t->finish) {
+    int first = !t->finish;
+    if (first) {
         t->finish = finish;
         t->t_end = srv_now();
         if (error) snprintf(t->error, sizeof t->error, "%s", error);
@@ -257,6 +299,7 @@ static void task_finish(sched *s, run_seq *r, int finish, const char *error)
         c->dirty = 1;
     }
     pthread_mutex_unlock(&c->mu);
+    if (first) report_finished(t, finish);
     r->finish = finish;
     if (finish == SCHED_FINISH_ABORT) metrics_cancelled();
     wake_add(s, c);
@@ -286,11 +329,12 @@ static int emit_put(sched *s, const char *p, size_t n)
     return 0;
 }
 
-/* Text through the stop-string filter into s->emit; returns 1 once stopped. */
+/* Text through the stop-string filter into s->emit; returns 1 once stopped.
+ * The text of the first min_tokens ids is not searched for stop strings. */
 static int emit_text(sched *s, run_seq *r, const char *p, size_t n)
 {
     if (!n) return 0;
-    if (!r->stopper) { emit_put(s, p, n); return 0; }
+    if (!r->stopper || r->n_gen <= r->t->min_tokens) { emit_put(s, p, n); return 0; }
     size_t m = 0;
     int stopped = 0;
     const char *safe = tok_stopper_feed(r->stopper, p, n, &m, &stopped);
@@ -304,6 +348,7 @@ static void on_token(sched *s, run_seq *r, int32_t id, float lp)
     sched_task *t = r->t;
     double now = srv_now();
     r->gen[r->n_gen++] = id;
+    min_tokens_reached(r);
     if (r->n_gen == 1) metrics_ttft(now - t->t_submit);
     else metrics_itl(now - r->t_last);
     r->t_last = now;

@@ -63,6 +63,8 @@ typedef struct {
     int prompt_logprobs;           /* fill prompt_lps (score, echo) */
     int eos_id;                    /* -1: none */
     int ignore_eos;
+    kda_logit_bias *logit_bias; int n_logit_bias;  /* owned; added to the logits (OpenAI logit_bias) */
+    int min_tokens;                /* until this many ids: EOS banned, stop strings not searched */
     double t_submit;               /* srv_now() at arrival */
 
     /* results: written by the scheduler under client->mu */
