@@ -33,6 +33,7 @@ struct kda_engine {
     int *seen;           /* [max_seqs] duplicate check, step-stamped */
     int stamp;
     int32_t *hist;       /* [max_seqs][max_seq_len] every token fed to each sequence */
+    int bad_item;        /* the item a refused step failed on, -1 = none */
 };
 
 const char *kda_strerror(int code)
@@ -373,8 +374,11 @@ static int check_item(const kda_engine *e, const kda_batch_item *it, int i, char
     return 0;
 }
 
+int kda_engine_step_bad_item(const kda_engine *e) { return e->bad_item; }
+
 int kda_engine_step(kda_engine *e, kda_batch_item *items, int n, char *err, size_t errlen)
 {
+    e->bad_item = -1;
     if (n <= 0 || n > e->max_seqs || !items) {
         snprintf(err, errlen, "a step takes 1..%d items (got %d)", e->max_seqs, n);
         return KDA_EINVAL;
@@ -385,7 +389,10 @@ int kda_engine_step(kda_engine *e, kda_batch_item *items, int n, char *err, size
     }
     for (int i = 0; i < n; i++) {
         int rc = check_item(e, &items[i], i, err, errlen);
-        if (rc) return rc;
+        if (rc) {
+            e->bad_item = i;
+            return rc;
+        }
         e->seen[items[i].seq] = e->stamp;
     }
     /* memory next: every block this step writes is taken before it runs */
@@ -393,7 +400,10 @@ int kda_engine_step(kda_engine *e, kda_batch_item *items, int n, char *err, size
         for (int i = 0; i < n; i++) {
             int rc = e->be->seq_reserve(e->be, items[i].seq, e->seqs[items[i].seq].pos + items[i].n_tokens, err,
                                         errlen);
-            if (rc) return rc;
+            if (rc) {
+                e->bad_item = i;
+                return rc;
+            }
         }
     const size_t cap = (size_t)e->info.max_seq_len;
     for (int i = 0; i < n; i++) {

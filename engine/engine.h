@@ -225,6 +225,10 @@ typedef struct {
 } kda_batch_item;
 
 int kda_engine_step(kda_engine *e, kda_batch_item *items, int n_items, char *err, size_t errlen);
+/* After a step refused with KDA_EINVAL / KDA_ECTX / KDA_ENOMEM: the index of
+ * the item at fault, or -1 when the step as a whole was (bad count). Nothing
+ * advanced, so a caller may drop that item and run the rest again. */
+int kda_engine_step_bad_item(const kda_engine *e);
 
 /* Device time of the steps since the last call, by kind of work (CUDA with
  * tuning prof=1; all zero otherwise). Events between the kernels make the

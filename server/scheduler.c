@@ -463,10 +463,18 @@ static void step(sched *s)
     int rc = kda_engine_step(s->e, s->items, n, err, sizeof err);
     metrics_step(srv_now() - t0, n_tok, n);
     if (rc) {
-        /* No sequence advanced; their state is unknown to us, so end them all. */
-        srv_log(SRV_LOG_ERROR, "engine step failed (%s): %s; failing %d sequences", kda_strerror(rc), err, n);
         char msg[300];
         snprintf(msg, sizeof msg, "engine error: %s", err);
+        const int bad = kda_engine_step_bad_item(s->e);
+        if (bad >= 0 && rc != KDA_EDEVICE) {
+            /* one request the engine refuses: nothing advanced, so only it
+             * ends and the others run in the next step */
+            srv_log(SRV_LOG_WARN, "engine refused a request (%s): %s", kda_strerror(rc), err);
+            task_finish(s, s->item_seq[bad], SCHED_FINISH_ERROR, msg);
+            return;
+        }
+        /* the device failed: the step's sequences are lost (engine.h) */
+        srv_log(SRV_LOG_ERROR, "engine step failed (%s): %s; failing %d sequences", kda_strerror(rc), err, n);
         for (int i = 0; i < n; i++) task_finish(s, s->item_seq[i], SCHED_FINISH_ERROR, msg);
         return;
     }

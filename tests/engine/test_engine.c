@@ -211,6 +211,7 @@ static void test_sampling_and_output_fields_are_validated_before_any_work(void *
                                {.seq = s, .tokens = &tok, .n_tokens = 1, .sampling = &sp, .sampled = &sampled}};
     assert_int_equal(kda_engine_step(e, items, 2, err, sizeof err), KDA_EINVAL);
     assert_non_null(strstr(err, "logit_bias"));
+    assert_int_equal(kda_engine_step_bad_item(e), 1); /* the caller can drop just that one */
     bias[0] = (kda_logit_bias){3, NAN};
     assert_int_equal(kda_engine_step(e, items, 2, err, sizeof err), KDA_EINVAL);
     bias[0] = (kda_logit_bias){3, 1e4f};
@@ -230,6 +231,7 @@ static void test_sampling_and_output_fields_are_validated_before_any_work(void *
     assert_int_equal(kda_seq_len(e, other), 0);
     tg[1] = 3;
     assert_int_equal(kda_engine_step(e, items, 2, err, sizeof err), 0);
+    assert_int_equal(kda_engine_step_bad_item(e), -1);
     assert_int_equal(sampled, 3); /* greedy after a +1e4 bias on token 3 */
     assert_int_equal(kda_seq_len(e, s), 1);
     kda_engine_close(e);
