@@ -412,4 +412,7 @@ with Server(model, *flags) as s:
     r = requests.post(s.url + "/generate", json=check_body, timeout=60)
     check(r.status_code == 200 and r.json()["tokens"] == want, "the server still answers, with the same greedy output")
     s.check_clean_exit()
+    if os.environ.get("KDA_BURST_SERVER_LOG"):   # kept for a GPU run's log archive
+        with open(os.environ["KDA_BURST_SERVER_LOG"], "w") as f:
+            f.write(s.log())
 finish()
