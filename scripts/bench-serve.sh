@@ -6,8 +6,10 @@
 #
 #   scripts/bench-serve.sh MODEL_DIR OUTDIR [--device cuda]
 #
-# Writes OUTDIR/engine.json (kda-cli bench), OUTDIR/results.json (serve_bench.py: machine, date,
-# commit, args, engine figures, per-level figures, failures), OUTDIR/server.log, OUTDIR/table.txt.
+# Writes OUTDIR/engine.json and engine-after.json (kda-cli bench before and after the load: the
+# efficiency is given against both, their spread being the machine's noise), OUTDIR/results.json
+# (serve_bench.py: machine, date, commit, args, engine figures, per-level figures, failures),
+# OUTDIR/server.log, OUTDIR/run.txt (the run as printed), OUTDIR/table.txt (the final table).
 # Exit status 1 if any request failed or the server did not exit 0.
 # Environment:
 #   KDA_BUILD      build tree with cli/kda-cli and server/kda-server (default build; the GPU
@@ -35,7 +37,7 @@ run() { env ${KDA_LIB_PATH:+LD_LIBRARY_PATH=$KDA_LIB_PATH} OMP_NUM_THREADS=$THRE
 
 pairs=$(echo "$LEVELS" | tr , '\n' | sed "s/^/$IN:/" | paste -sd,)
 echo "== engine alone: kda-cli bench --pairs $pairs"
-run "$BUILD/cli/kda-cli" bench "$MODEL" --device "$DEVICE" --pairs "$pairs" --steps 32 --no-kernels \
+run "$BUILD/cli/kda-cli" bench "$MODEL" --device "$DEVICE" --pairs "$pairs" --steps 32 --no-kernels --threads "$THREADS" \
     --json "$OUTDIR/engine.json" 2>&1 | tee "$OUTDIR/engine.txt" || exit 1
 
 port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
@@ -55,10 +57,15 @@ done
 python3 "$HERE/serve_bench.py" --url "http://127.0.0.1:$port" --model-dir "$MODEL" --concurrency "$LEVELS" \
     --input-len "$IN" --output-len "$OUTLEN" --ignore-eos --engine-json "$OUTDIR/engine.json" \
     --json "$OUTDIR/results.json" --note "kda-server --device $DEVICE, model $MODEL${KDA_SERVE_NOTE:+; $KDA_SERVE_NOTE}" \
-    ${KDA_SERVE_ARGS:-} | tee "$OUTDIR/table.txt"
+    ${KDA_SERVE_ARGS:-} | tee "$OUTDIR/run.txt"
 brc=${PIPESTATUS[0]}
 kill -TERM $spid
 wait $spid
 src=$?
+echo "== kda-server exit $src; engine alone again, after the load (the spread is the machine's noise)"
+run "$BUILD/cli/kda-cli" bench "$MODEL" --device "$DEVICE" --pairs "$pairs" --steps 32 --no-kernels --threads "$THREADS" \
+    --json "$OUTDIR/engine-after.json" > "$OUTDIR/engine-after.txt" 2>&1 &&
+  python3 "$HERE/serve_bench.py" --merge "$OUTDIR/results.json" --engine-after "$OUTDIR/engine-after.json" \
+    | tee "$OUTDIR/table.txt"
 echo "== kda-server exit $src; bench exit $brc"
 [ $brc = 0 ] && [ $src = 0 ]

@@ -24,7 +24,8 @@ milliseconds means the client, not the server, shaped the latencies.
 Engine rate: --engine-json FILE (a `kda-cli bench --json` file made in the same invocation with
 the server stopped, as scripts/bench-serve.sh does), or --kda-cli PATH --model-dir DIR to run it
 here before the load (the server must be idle). The pairs measured are ctx:C for each level's
-batch C (ctx = --engine-ctx, default the input length).
+batch C (ctx = --engine-ctx, default the input length). --merge RESULTS --engine-after FILE adds
+a second engine run made after the load (the spread shows how noisy the machine was).
 
 Output: a table on stdout and --json FILE (machine, date, commit, args, engine figures, per-level
 figures, server step statistics from /metrics, failures).
@@ -336,18 +337,41 @@ def engine_rates(a, batches):
         path = a.json + ".engine.json" if a.json else "/tmp/serve_bench_engine.json"
         pairs = ",".join(f"{a.engine_ctx or a.input_len}:{b}" for b in batches)
         cmd = [a.kda_cli, "bench", a.model_dir, "--device", a.device, "--pairs", pairs, "--steps",
-               str(a.engine_steps), "--no-kernels", "--json", path]
+               str(a.engine_steps), "--no-kernels", "--threads", str(a.engine_threads), "--json", path]
         print("engine:", " ".join(cmd), flush=True)
         subprocess.run(cmd, check=True)
     if not path:
         return None, {}
     e = json.load(open(path))
-    ctx = a.engine_ctx or a.input_len
+    return e, rates_from(e, a.engine_ctx or a.input_len)
+
+
+def rates_from(e, ctx):
     rates = {}
     for d in e.get("decode", []):
         if d["ms_step"] > 0 and (d["ctx"] == ctx or d["B"] not in rates):
             rates[d["B"]] = d["tok_s"]
-    return e, rates
+    return rates
+
+
+def merge_engine_after(a):
+    """Adds a second engine measurement, made after the load, to a results file: on a shared
+    machine the spread between the two says how far the efficiency figures can be trusted."""
+    res = json.load(open(a.merge))
+    e = json.load(open(a.engine_after))
+    args = res["args"]
+    rates = rates_from(e, args.get("engine_ctx") or args["input_len"])
+    res["engine_after"] = e
+    for lvl in res["levels"]:
+        b = lvl.get("concurrency")
+        if b in rates:
+            lvl["engine_tok_s_after"] = rates[b]
+            lvl["efficiency_after"] = round(lvl["output_tok_s"] / rates[b], 3)
+    with open(a.merge, "w") as f:
+        json.dump(res, f, indent=1)
+    print(table(res["levels"]))
+    print("updated", a.merge)
+    return 0
 
 
 def machine():
@@ -379,20 +403,26 @@ def commit():
 
 
 def table(levels):
-    head = (f"{'load':>10} {'done':>9} {'out tok/s':>10} {'req/s':>7} {'engine':>9} {'eff':>5} "
+    head = (f"{'load':>10} {'done':>9} {'out tok/s':>10} {'req/s':>7} {'engine':>11} {'eff':>7} "
             f"{'TTFT p50/p99 ms':>17} {'ITL p50/p99 ms':>16} {'E2E p50/p99 ms':>17} {'client cpu/lag99':>17}")
     lines = [head, "-" * len(head)]
 
     def f(x, nd=1):
         return "-" if x is None else f"{x:.{nd}f}"
 
-    def pc(x):
-        return "-" if x is None else f"{x * 100:.0f}%"
+    def pc(x, x2=None):
+        if x is None:
+            return "-"
+        return f"{x * 100:.0f}%" if x2 is None else f"{x * 100:.0f}/{x2 * 100:.0f}%"
+
+    def eng(l):   # engine tok/s, before[/after] the load
+        e, e2 = l.get("engine_tok_s"), l.get("engine_tok_s_after")
+        return f(e, 0) if e2 is None else f"{e:.0f}/{e2:.0f}"
     for l in levels:
         load = f"C={l['concurrency']}" if l["mode"] == "closed" else f"R={l['request_rate']}/s"
         lines.append(
             f"{load:>10} {l['completed']:>4}/{l['requests']:<4} {l['output_tok_s']:>10.0f} {l['requests_s']:>7.2f} "
-            f"{f(l.get('engine_tok_s'), 0):>9} {pc(l.get('efficiency')):>5} "
+            f"{eng(l):>11} {pc(l.get('efficiency'), l.get('efficiency_after')):>7} "
             f"{f(l['ttft_ms']['p50']) + ' / ' + f(l['ttft_ms']['p99']):>17} "
             f"{f(l['itl_ms']['p50'], 2) + ' / ' + f(l['itl_ms']['p99'], 2):>16} "
             f"{f(l['e2e_ms']['p50'], 0) + ' / ' + f(l['e2e_ms']['p99'], 0):>17} "
@@ -427,9 +457,14 @@ def main():
     ap.add_argument("--device", default="cpu", help="kda-cli bench --device")
     ap.add_argument("--engine-ctx", type=int, default=0, help="context of the engine pairs (default: input len)")
     ap.add_argument("--engine-steps", type=int, default=32)
+    ap.add_argument("--engine-threads", type=int, default=0, help="kda-cli bench --threads (cpu)")
+    ap.add_argument("--merge", metavar="RESULTS", help="add --engine-after to this results file and exit")
+    ap.add_argument("--engine-after", help="kda-cli bench JSON made after the load (with --merge)")
     ap.add_argument("--json", help="results file")
     ap.add_argument("--note", default="", help="free text stored in the results (model, machine notes)")
     a = ap.parse_args()
+    if a.merge:
+        return merge_engine_after(a)
     if not a.concurrency and not a.request_rate:
         a.concurrency = "1,16,64,256"
     levels_spec = [("closed", int(c)) for c in (a.concurrency or "").split(",") if c] + \
