@@ -37,7 +37,6 @@
 #include <limits.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -653,11 +652,13 @@ static void *loop_main(void *arg)
         }
         struct epoll_event ev[2];
         epoll_wait(l->ep, ev, 2, loop_timeout_ms(l, srv_now()));
-        /* Cleared before MHD_run looks at the resumed connections: a resume
-         * after this point kicks again. */
-        atomic_store(&l->kicked, 0);
+        /* Drain, then clear, then let MHD look at the resumed connections: a
+         * resume whose kick found the flag set is seen by this MHD_run (the
+         * exchange orders it after that resume), and one after the clear
+         * writes the eventfd again, so the next wait returns at once. */
         uint64_t v;
         while (read(l->kick_fd, &v, sizeof v) == sizeof v) {}
+        atomic_exchange(&l->kicked, 0);
         MHD_run(l->d);
         loop_tick(l, srv_now());
     }
