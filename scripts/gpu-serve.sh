@@ -22,7 +22,7 @@ if [ "${KDA_GPU_SERVE_DRY:-0}" = 1 ]; then
              KDA_BURST_FLAGS="--max-batch 32")
 else
   BURST_ENV=(KDA_BURST_ROUNDS=${KDA_BURST_ROUNDS:-20} KDA_BURST_SIZES=512 KDA_BURST_SCORE_TOKENS=8000
-             KDA_BURST_MAX_TOKENS=128 KDA_BURST_FLAGS="--max-batch 256" KDA_BURST_BUDGET=${KDA_BURST_BUDGET:-200})
+             KDA_BURST_MAX_TOKENS=128 KDA_BURST_FLAGS="--max-batch 256" KDA_BURST_BUDGET=${KDA_BURST_BUDGET:-180})
 fi
 rc=0
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1; echo "ulimit -n: soft $(ulimit -Sn) hard $(ulimit -Hn)";
@@ -36,14 +36,14 @@ fi
 if [ "${KDA_GPU_SERVE_SKIP:-}" != bench ]; then
   echo "== bench-serve.sh $M17 --device $DEVICE"
   KDA_BUILD=$B KDA_SERVE_NOTE="1.7B shape, random bf16, commit $KDA_COMMIT" \
-    timeout 420 bash scripts/bench-serve.sh "$M17" "$LOG/serve" --device "$DEVICE" 2>&1 | tail -30
+    timeout 240 bash scripts/bench-serve.sh "$M17" "$LOG/serve" --device "$DEVICE" 2>&1 | tail -30
   r=${PIPESTATUS[0]}; [ $r = 0 ] || rc=1; echo "== bench-serve rc=$r"
   cp "$LOG/serve/results.json" "$OUT/serve-results.json" 2>/dev/null
 fi
 if [ "${KDA_GPU_SERVE_SKIP:-}" != burst ]; then
   echo "== test_burst.py on $M17 (${BURST_ENV[*]})"
   ours env "${BURST_ENV[@]}" KDA_BURST_MODEL="$M17" KDA_BURST_DEVICE="$DEVICE" KDA_BURST_SERVER_LOG="$LOG/burst-server.log" \
-    timeout 480 python3 tests/server/test_burst.py > "$OUT/burst.txt" 2>&1
+    timeout 300 python3 tests/server/test_burst.py > "$OUT/burst.txt" 2>&1
   r=$?; [ $r = 0 ] || rc=1; echo "== test_burst rc=$r"
   grep -E "round|PASS|FAIL|budget|requests in" "$OUT/burst.txt" | tail -40
 fi
