@@ -66,6 +66,7 @@ void cli_bench_usage(FILE *f)
             "usage: kda-cli bench MODEL_DIR [--device cuda|cpu] [--pairs CTX:B,...] [--steps N]\n"
             "                     [--fill prefill|decode] [--prefill B:T,...] [--score B:T,...] [--reps N]\n"
             "                     [--json FILE] [--no-kernels] [--mem-fraction F] [--tuning k=v,...]\n"
+            "                     [--threads N]\n"
             "  default pairs 128:1,128:16,128:64,128:256,4096:1,4096:16,4096:64,4096:256 (\"\" = none);\n"
             "  steps 32; no prefill or score points; reps 5\n");
 }
@@ -234,7 +235,7 @@ int cli_bench(int argc, char **argv)
     const char *dir = argv[0], *device = "cuda", *json_path = NULL, *tuning = NULL, *fill = "prefill";
     const char *pairs_s = "128:1,128:16,128:64,128:256,4096:1,4096:16,4096:64,4096:256";
     const char *prefill_s = "", *score_s = "";
-    int steps = 32, kernels = 1, reps = 5;
+    int steps = 32, kernels = 1, reps = 5, threads = 0;
     double frac = 0.9;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--device") && i + 1 < argc) device = argv[++i];
@@ -248,6 +249,7 @@ int cli_bench(int argc, char **argv)
         else if (!strcmp(argv[i], "--prefill") && i + 1 < argc) prefill_s = argv[++i];
         else if (!strcmp(argv[i], "--score") && i + 1 < argc) score_s = argv[++i];
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
         else return usage();
     }
     bench_pair pairs[64];
@@ -290,8 +292,10 @@ int cli_bench(int argc, char **argv)
         fprintf(stderr, "bench: %s\n", err);
         return 2;
     }
-    kda_engine_opts o = {.model_dir = dir, .device = device, .max_seqs = max_b, .max_seq_len = max_ctx + steps + 8,
-                         .gpu_mem_fraction = frac, .tuning = &tn, .verbose = 1};
+    /* threads: CPU engine threads (0 = all cores), as kda-server --threads, so a serving
+     * benchmark compares the server with the engine on the same threads */
+    kda_engine_opts o = {.model_dir = dir, .device = device, .threads = threads, .max_seqs = max_b,
+                         .max_seq_len = max_ctx + steps + 8, .gpu_mem_fraction = frac, .tuning = &tn, .verbose = 1};
     kda_engine *e = NULL;
     int rc = kda_engine_open(&e, &o, err, sizeof err);
     if (rc) {

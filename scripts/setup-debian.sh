@@ -30,11 +30,12 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 [ $run_only = 1 ] && { echo "setup: ok (run only)"; exit 0; }
 # The server's integration tests use real clients: requests and the official openai
-# package, Jinja2 (the reference for server/jinja.c) and schemathesis (the OpenAPI run).
+# package, Jinja2 (the reference for server/jinja.c), schemathesis (the OpenAPI run) and
+# aiohttp (the client of the burst test and of scripts/serve_bench.py, as in vllm bench serve).
 PY=${KDA_PIP_PYTHON:-python3}
 pip_install() { "$PY" -m pip install -q "$@" 2>/dev/null || "$PY" -m pip install -q --break-system-packages "$@"; }
-if ! "$PY" -c 'import openai, requests, jinja2, schemathesis' 2>/dev/null; then
-  pip_install openai requests jinja2 schemathesis
+if ! "$PY" -c 'import openai, requests, jinja2, schemathesis, aiohttp' 2>/dev/null; then
+  pip_install openai requests jinja2 schemathesis aiohttp
 fi
 # lm-evaluation-harness (tests/server/test_lm_eval.py) in its own folder, --no-deps with
 # exactly what `lm_eval --model local-completions` imports, pinned: 470 MB in ~90 s on the

@@ -1,6 +1,15 @@
 /*
  * http.c - see http.h.
  *
+ * Threads: --http-threads event loops, each a libmicrohttpd daemon in external-epoll mode driven
+ * by its own thread (loop_main), all accepting from one listening socket. The loop, not MHD,
+ * does the waiting: it blocks in its own epoll on MHD's epoll fd and a kick eventfd, then calls
+ * MHD_run, which never blocks. MHD's internal polling thread is not used because its epoll drain
+ * (`while (epoll_wait(fd, ev, 128, timeout) == 128)`, libmicrohttpd 0.9.75 to 1.0.1) blocks again
+ * with `timeout` when one wait returns exactly 128 events: those 128 connections stay unprocessed
+ * until another event or the next connection timeout, when the timeout sweep closes them as idle
+ * before any request callback ran (issue 13's silent losses; tests/server/test_burst.py).
+ *
  * A request's life: the first handler call sees only headers (route, method,
  * API key and Content-Length are checked there, so a bad request is refused
  * before its body is read); later calls accumulate the body; the call with
@@ -12,22 +21,34 @@
  *    when there is nothing to send, suspends the connection until woken.
  * "suspended" is read and written under the client's mutex, and the reader
  * suspends while holding it, so a wake can never slip in between "nothing
- * to send" and "suspended" (the lost-wake-up race).
+ * to send" and "suspended" (the lost-wake-up race). Whoever clears it resumes
+ * the connection and kicks its loop under the same mutex, so a resumed
+ * connection is never resumed twice and never freed before its loop runs.
+ *
+ * Keep-alive comments on idle streams and the hang-up probe of waiting
+ * non-streaming requests are timed here, by each loop (loop_tick), so they
+ * go out on schedule whatever the engine is doing.
  */
 #include "http.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
-#include <stdarg.h>
-#include <strings.h>
-#include <unistd.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
+#include <pthread.h>
+#include <stdarg.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include "log.h"
 #include "metrics.h"
@@ -67,18 +88,47 @@ static const char *route_names[N_ROUTES];
 
 enum { STATE_LOADING, STATE_READY, STATE_DRAINING };
 
-struct http_server {
+#define TICK_S 0.05         /* how often a loop looks at its waiting requests */
+#define PROBE_S 0.5         /* how often a waiting non-streaming client's socket is checked */
+#define CONN_TIMEOUT_S 120  /* MHD closes a connection idle (not suspended) this long */
+#define MAX_CONNECTIONS 4096
+
+typedef struct http_conn http_conn;
+typedef struct http_loop http_loop;
+
+/* One event loop: a daemon and the thread that drives it. */
+struct http_loop {
+    http_server *h;
     struct MHD_Daemon *d;
+    pthread_t thread;
+    int thread_started;
+    int ep;                 /* epoll over MHD's epoll fd and kick_fd */
+    int kick_fd;            /* eventfd: a connection was resumed from another thread */
+    _Atomic int kicked;     /* kick_fd was written and the loop has not run since */
+    http_conn *live;        /* requests with a scheduler job (loop thread only) */
+    double next_tick;
+    int quiesced;           /* loop thread only */
+};
+
+struct http_server {
     http_opts o;
     const api_ctx *ctx;     /* valid once state is READY */
     sched *s;
     _Atomic int state;
     _Atomic int jobs;
+    _Atomic int drain;      /* loops stop accepting */
+    _Atomic int n_quiesced;
+    _Atomic int stop;       /* loops exit */
+    _Atomic int stopping;   /* http_stop runs: nothing suspends any more */
+    int n_loops;
+    http_loop *loops;
 };
 
-typedef struct {
+struct http_conn {
     http_server *h;
+    http_loop *loop;
     struct MHD_Connection *conn;
+    http_conn *prev, *next; /* loop->live, while job is set */
     int route;
     char method[8];
     char url[512];
@@ -92,7 +142,9 @@ typedef struct {
     api_buf sse;            /* rendered, not yet handed to MHD */
     size_t sse_off;
     double t0;
-} http_conn;
+    double last_sent;       /* stream: last bytes handed to MHD (loop thread) */
+    double next_probe;      /* non-streaming: next hang-up check (loop thread) */
+};
 
 /* ---- responses ---- */
 
@@ -206,12 +258,28 @@ static enum MHD_Result reply_page(http_conn *hc)
     return ok;
 }
 
-/* ---- scheduler wake-ups ---- */
+/* ---- wake-ups ---- */
+
+static void loop_kick(http_loop *l)
+{
+    if (atomic_exchange(&l->kicked, 1)) return;   /* already pending */
+    uint64_t one = 1;
+    ssize_t n = write(l->kick_fd, &one, sizeof one);
+    (void)n;   /* EAGAIN: the counter is saturated, so the loop wakes anyway */
+}
+
+/* Caller holds the client's mutex and saw hc->suspended. */
+static void resume_locked(http_conn *hc)
+{
+    hc->suspended = 0;
+    MHD_resume_connection(hc->conn);
+    loop_kick(hc->loop);
+}
 
 /* A suspended connection is not watched by MHD, so a non-streaming client
- * that hangs up would go unnoticed until its answer is ready. The scheduler
- * wakes such clients now and then (its probe); this looks at the socket
- * without consuming anything: EOF or a reset means the client is gone. */
+ * that hangs up would go unnoticed until its answer is ready. The loop's
+ * probe looks at the socket without consuming anything: EOF or a reset
+ * means the client is gone. */
 static int peer_closed(struct MHD_Connection *conn)
 {
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
@@ -221,21 +289,14 @@ static int peer_closed(struct MHD_Connection *conn)
     return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
+/* Called by the scheduler thread after it set dirty. */
 static void wake(sched_client *c)
 {
-    struct MHD_Connection *conn = NULL;
     pthread_mutex_lock(&c->mu);
     http_conn *hc = c->wake_arg;
-    /* Non-streaming requests only care about the end, or about their client leaving. */
-    if (hc && hc->suspended && !c->stream && c->n_finished < c->n_tasks && peer_closed(hc->conn))
-        hc->peer_gone = 1;
-    if (hc && hc->suspended && (c->stream || c->n_finished == c->n_tasks || hc->peer_gone)) {
-        hc->suspended = 0;
-        conn = hc->conn;
-    }
+    /* Non-streaming requests only care about the end. */
+    if (hc && hc->suspended && (c->stream || c->n_finished == c->n_tasks)) resume_locked(hc);
     pthread_mutex_unlock(&c->mu);
-    /* Still suspended until this call, so MHD cannot have freed it. */
-    if (conn) MHD_resume_connection(conn);
 }
 
 static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max)
@@ -248,12 +309,14 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max)
             if (n > max) n = max;
             memcpy(buf, hc->sse.p + hc->sse_off, n);
             hc->sse_off += n;
+            hc->last_sent = srv_now();
             return (ssize_t)n;
         }
         hc->sse.len = hc->sse_off = 0;
         if (hc->job->ended) return MHD_CONTENT_READER_END_OF_STREAM;
         api_render_stream(hc->job, &hc->sse);
         if (hc->sse.len) continue;
+        if (atomic_load(&hc->h->stopping)) return MHD_CONTENT_READER_END_WITH_ERROR;
         sched_client *c = hc->job->client;
         pthread_mutex_lock(&c->mu);
         int dirty = c->dirty;
@@ -272,7 +335,7 @@ static enum MHD_Result finish_or_wait(http_conn *hc)
     sched_client *c = hc->job->client;
     pthread_mutex_lock(&c->mu);
     int done = c->n_finished == c->n_tasks, gone = hc->peer_gone;
-    if (gone) {
+    if (gone || (!done && atomic_load(&hc->h->stopping))) {
         pthread_mutex_unlock(&c->mu);
         return MHD_NO;   /* close: on_completed cancels the unfinished tasks */
     }
@@ -286,6 +349,57 @@ static enum MHD_Result finish_or_wait(http_conn *hc)
     size_t len = 0;
     char *body = api_render(hc->job, &status, &len);
     return reply_json(hc, status, body, len);
+}
+
+/* ---- per-loop timers: keep-alive comments and hang-up probes ---- */
+
+static void live_add(http_conn *hc)
+{
+    http_loop *l = hc->loop;
+    hc->prev = NULL;
+    hc->next = l->live;
+    if (l->live) l->live->prev = hc;
+    l->live = hc;
+}
+
+static void live_remove(http_conn *hc)
+{
+    if (hc->prev) hc->prev->next = hc->next;
+    else hc->loop->live = hc->next;
+    if (hc->next) hc->next->prev = hc->prev;
+    hc->prev = hc->next = NULL;
+}
+
+/* A stream quiet for heartbeat_s gets a comment (which is also how a client
+ * that left while queued is found: the write fails); a waiting non-streaming
+ * request has its socket checked every PROBE_S. */
+static void tick_one(http_conn *hc, double now, double heartbeat_s)
+{
+    sched_client *c = hc->job->client;
+    if (hc->job->stream) {
+        if (heartbeat_s <= 0 || now - hc->last_sent < heartbeat_s) return;
+        hc->last_sent = now;
+        pthread_mutex_lock(&c->mu);
+        c->heartbeat = 1;
+        c->dirty = 1;
+        if (hc->suspended) resume_locked(hc);
+        pthread_mutex_unlock(&c->mu);
+    } else if (now >= hc->next_probe) {
+        hc->next_probe = now + PROBE_S;
+        pthread_mutex_lock(&c->mu);
+        if (hc->suspended && c->n_finished < c->n_tasks && peer_closed(hc->conn)) {
+            hc->peer_gone = 1;
+            resume_locked(hc);
+        }
+        pthread_mutex_unlock(&c->mu);
+    }
+}
+
+static void loop_tick(http_loop *l, double now)
+{
+    if (now < l->next_tick) return;
+    l->next_tick = now + TICK_S;
+    for (http_conn *hc = l->live; hc; hc = hc->next) tick_one(hc, now, l->h->o.heartbeat_s);
 }
 
 /* ---- dispatch ---- */
@@ -306,6 +420,9 @@ static enum MHD_Result submit(http_conn *hc, int kind)
         return reply_error(hc, 500, "out of memory");
     }
     hc->job = job;
+    hc->last_sent = srv_now();
+    hc->next_probe = hc->last_sent + PROBE_S;
+    live_add(hc);
     atomic_fetch_add(&h->jobs, 1);
     if (!job->stream) return finish_or_wait(hc);
 
@@ -420,12 +537,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
                                   const char *version, const char *upload_data, size_t *upload_size, void **con_cls)
 {
     (void)version;
-    http_server *h = cls;
+    http_loop *l = cls;
+    http_server *h = l->h;
     http_conn *hc = *con_cls;
     if (!hc) {
         hc = calloc(1, sizeof *hc);
         if (!hc) return MHD_NO;
         hc->h = h;
+        hc->loop = l;
         hc->conn = conn;
         hc->t0 = srv_now();
         *con_cls = hc;
@@ -463,11 +582,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls, enum MHD_RequestTerminationCode toe)
 {
     (void)conn;
-    http_server *h = cls;
+    http_server *h = ((http_loop *)cls)->h;
     http_conn *hc = *con_cls;
     if (!hc) return;
     *con_cls = NULL;
     if (hc->job) {
+        live_remove(hc);
         sched_client *c = hc->job->client;
         pthread_mutex_lock(&c->mu);
         int unfinished = c->n_finished < c->n_tasks;
@@ -488,6 +608,9 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     free(hc);
 }
 
+/* MHD's own messages: the ones about limits and resources say why a
+ * connection was refused or dropped before any request callback ran, so they
+ * are warnings; the rest (mostly clients that reset) are debug. */
 static void mhd_log(void *cls, const char *fmt, va_list ap)
 {
     (void)cls;
@@ -495,7 +618,153 @@ static void mhd_log(void *cls, const char *fmt, va_list ap)
     vsnprintf(msg, sizeof msg, fmt, ap);
     size_t n = strlen(msg);
     while (n && msg[n - 1] == '\n') msg[--n] = '\0';
-    srv_log(SRV_LOG_DEBUG, "libmicrohttpd: %s", msg);
+    int important = strstr(msg, "limit") || strstr(msg, "accept") || strstr(msg, "memory") ||
+                    strstr(msg, "resource") || strstr(msg, "epoll");
+    srv_log(important ? SRV_LOG_WARN : SRV_LOG_DEBUG, "libmicrohttpd: %s", msg);
+}
+
+/* ---- event loops ---- */
+
+/* How long the loop may sleep: until MHD's next connection timeout, or
+ * (with requests waiting) the next tick; 0 when MHD has work pending. */
+static int loop_timeout_ms(http_loop *l, double now)
+{
+    MHD_UNSIGNED_LONG_LONG t = 0;
+    long long ms = MHD_get_timeout(l->d, &t) == MHD_YES ? (long long)t : -1;
+    if (l->live) {
+        long long tick = (long long)((l->next_tick - now) * 1e3) + 1;
+        if (tick < 0) tick = 0;
+        if (ms < 0 || tick < ms) ms = tick;
+    }
+    return ms > INT_MAX ? INT_MAX : (int)ms;
+}
+
+static void *loop_main(void *arg)
+{
+    http_loop *l = arg;
+    http_server *h = l->h;
+    while (!atomic_load(&h->stop)) {
+        if (atomic_load(&h->drain) && !l->quiesced) {
+            int fd = MHD_quiesce_daemon(l->d);
+            if (fd >= 0) close(fd);
+            l->quiesced = 1;
+            atomic_fetch_add(&h->n_quiesced, 1);
+        }
+        struct epoll_event ev[2];
+        epoll_wait(l->ep, ev, 2, loop_timeout_ms(l, srv_now()));
+        /* Drain, then clear, then let MHD look at the resumed connections: a
+         * resume whose kick found the flag set is seen by this MHD_run (the
+         * exchange orders it after that resume), and one after the clear
+         * writes the eventfd again, so the next wait returns at once. */
+        uint64_t v;
+        while (read(l->kick_fd, &v, sizeof v) == sizeof v) {}
+        atomic_exchange(&l->kicked, 0);
+        MHD_run(l->d);
+        loop_tick(l, srv_now());
+    }
+    return NULL;
+}
+
+static int listen_socket(const http_opts *o, char *err, size_t errlen)
+{
+    struct sockaddr_in6 a6 = {0};
+    struct sockaddr_in a4 = {0};
+    struct sockaddr *addr;
+    socklen_t alen;
+    int v6 = strchr(o->host, ':') != NULL;
+    if (v6) {
+        a6.sin6_family = AF_INET6;
+        a6.sin6_port = htons((uint16_t)o->port);
+        if (inet_pton(AF_INET6, o->host, &a6.sin6_addr) != 1) {
+            snprintf(err, errlen, "--host %s is not an IPv6 address", o->host);
+            return -1;
+        }
+        addr = (struct sockaddr *)&a6;
+        alen = sizeof a6;
+    } else {
+        a4.sin_family = AF_INET;
+        a4.sin_port = htons((uint16_t)o->port);
+        if (inet_pton(AF_INET, o->host, &a4.sin_addr) != 1) {
+            snprintf(err, errlen, "--host %s is not an IPv4 address (names are not resolved)", o->host);
+            return -1;
+        }
+        addr = (struct sockaddr *)&a4;
+        alen = sizeof a4;
+    }
+    int fd = socket(v6 ? AF_INET6 : AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        snprintf(err, errlen, "socket: %s", strerror(errno));
+        return -1;
+    }
+    /* SO_REUSEADDR lets a restart bind while old connections linger in
+     * TIME_WAIT; no SO_REUSEPORT, so a port another server listens on fails. */
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (v6) setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
+    if (bind(fd, addr, alen) != 0 || listen(fd, SOMAXCONN) != 0) {
+        snprintf(err, errlen, "could not listen on %s:%d: %s", o->host, o->port, strerror(errno));
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static int loop_start(http_server *h, http_loop *l, int listen_fd, unsigned conn_limit, char *err, size_t errlen)
+{
+    l->h = h;
+    l->ep = l->kick_fd = -1;
+    unsigned flags = MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
+    if (strchr(h->o.host, ':')) flags |= MHD_USE_IPv6;
+    l->d = MHD_start_daemon(flags, 0, NULL, NULL, on_request, l,
+                            MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
+                            MHD_OPTION_LISTEN_SOCKET, listen_fd,
+                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, l,
+                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)CONN_TIMEOUT_S,
+                            MHD_OPTION_CONNECTION_LIMIT, conn_limit,
+                            MHD_OPTION_END);
+    if (!l->d) {
+        close(listen_fd);
+        snprintf(err, errlen, "libmicrohttpd could not start on %s:%d", h->o.host, h->o.port);
+        return -1;
+    }
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(l->d, MHD_DAEMON_INFO_EPOLL_FD);
+    l->ep = epoll_create1(EPOLL_CLOEXEC);
+    l->kick_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    struct epoll_event mev = {.events = EPOLLIN, .data.u32 = 0}, kev = {.events = EPOLLIN, .data.u32 = 1};
+    if (!di || l->ep < 0 || l->kick_fd < 0 || epoll_ctl(l->ep, EPOLL_CTL_ADD, di->epoll_fd, &mev) != 0 ||
+        epoll_ctl(l->ep, EPOLL_CTL_ADD, l->kick_fd, &kev) != 0) {
+        snprintf(err, errlen, "event loop setup failed: %s", strerror(errno));
+        return -1;
+    }
+    if (pthread_create(&l->thread, NULL, loop_main, l) != 0) {
+        snprintf(err, errlen, "could not start an HTTP thread");
+        return -1;
+    }
+    l->thread_started = 1;
+    return 0;
+}
+
+static void loops_free(http_server *h)
+{
+    for (int i = 0; i < h->n_loops; i++) {
+        http_loop *l = &h->loops[i];
+        if (l->d) MHD_stop_daemon(l->d);
+        if (l->ep >= 0) close(l->ep);
+        if (l->kick_fd >= 0) close(l->kick_fd);
+    }
+    free(h->loops);
+    free(h);
+}
+
+static void loops_join(http_server *h)
+{
+    atomic_store(&h->stop, 1);
+    for (int i = 0; i < h->n_loops; i++)
+        if (h->loops[i].thread_started) {
+            loop_kick(&h->loops[i]);
+            pthread_join(h->loops[i].thread, NULL);
+            h->loops[i].thread_started = 0;
+        }
 }
 
 int http_start(http_server **out, const http_opts *o, int *port, char *err, size_t errlen)
@@ -503,50 +772,33 @@ int http_start(http_server **out, const http_opts *o, int *port, char *err, size
     for (int r = 0; r < N_ROUTES; r++) route_names[r] = routes[r].path;
     metrics_init(route_names, N_ROUTES);
     http_server *h = calloc(1, sizeof *h);
-    if (!h) { snprintf(err, errlen, "out of memory"); return -1; }
+    int n = o->threads > 0 ? o->threads : 1;
+    if (h) h->loops = calloc((size_t)n, sizeof *h->loops);
+    if (!h || !h->loops) { free(h); snprintf(err, errlen, "out of memory"); return -1; }
     h->o = *o;
     atomic_store(&h->state, STATE_LOADING);
-
-    struct sockaddr_in6 a6 = {0};
-    struct sockaddr_in a4 = {0};
-    struct sockaddr *addr;
-    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
-    if (strchr(o->host, ':')) {
-        a6.sin6_family = AF_INET6;
-        a6.sin6_port = htons((uint16_t)o->port);
-        if (inet_pton(AF_INET6, o->host, &a6.sin6_addr) != 1) {
-            snprintf(err, errlen, "--host %s is not an IPv6 address", o->host);
-            free(h);
+    int fd = listen_socket(o, err, errlen);
+    if (fd < 0) { free(h->loops); free(h); return -1; }
+    struct sockaddr_storage bound;
+    socklen_t blen = sizeof bound;
+    getsockname(fd, (struct sockaddr *)&bound, &blen);
+    *port = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
+                                              : ((struct sockaddr_in *)&bound)->sin_port);
+    /* Every loop accepts from the same socket (a dup each: each daemon closes its own). */
+    unsigned limit = o->max_connections > 0 ? (unsigned)o->max_connections : MAX_CONNECTIONS;
+    for (int i = 0; i < n; i++) {
+        int lfd = i == n - 1 ? fd : fcntl(fd, F_DUPFD_CLOEXEC, 0);
+        h->loops[i].ep = h->loops[i].kick_fd = -1;
+        h->n_loops = i + 1;
+        unsigned share = limit / (unsigned)n + ((unsigned)i < limit % (unsigned)n);
+        if (lfd < 0 || loop_start(h, &h->loops[i], lfd, share ? share : 1, err, errlen)) {
+            if (lfd < 0) snprintf(err, errlen, "dup of the listening socket failed: %s", strerror(errno));
+            if (i < n - 1) close(fd);
+            loops_join(h);
+            loops_free(h);
             return -1;
         }
-        addr = (struct sockaddr *)&a6;
-        flags |= MHD_USE_IPv6;
-    } else {
-        a4.sin_family = AF_INET;
-        a4.sin_port = htons((uint16_t)o->port);
-        if (inet_pton(AF_INET, o->host, &a4.sin_addr) != 1) {
-            snprintf(err, errlen, "--host %s is not an IPv4 address (names are not resolved)", o->host);
-            free(h);
-            return -1;
-        }
-        addr = (struct sockaddr *)&a4;
     }
-    h->d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, on_request, h,
-                            MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
-                            MHD_OPTION_SOCK_ADDR, addr,
-                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
-                            MHD_OPTION_THREAD_POOL_SIZE, (unsigned)o->threads,
-                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
-                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)4096,
-                            MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1,
-                            MHD_OPTION_END);
-    if (!h->d) {
-        snprintf(err, errlen, "could not listen on %s:%d (port in use, or address not local?)", o->host, o->port);
-        free(h);
-        return -1;
-    }
-    const union MHD_DaemonInfo *info = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_BIND_PORT);
-    *port = info ? info->port : o->port;
     *out = h;
     return 0;
 }
@@ -561,15 +813,34 @@ void http_set_ready(http_server *h, const api_ctx *ctx, sched *s)
 void http_drain(http_server *h)
 {
     atomic_store(&h->state, STATE_DRAINING);
-    int fd = MHD_quiesce_daemon(h->d);
-    if (fd >= 0) close(fd);
+    atomic_store(&h->drain, 1);
+    for (int i = 0; i < h->n_loops; i++) loop_kick(&h->loops[i]);
+    /* Each loop closes its copy of the listening socket; once all have,
+     * new connections are refused. */
+    double deadline = srv_now() + 5;
+    while (atomic_load(&h->n_quiesced) < h->n_loops && srv_now() < deadline) usleep(1000);
 }
 
 int http_jobs(http_server *h) { return atomic_load(&h->jobs); }
 
+/* MHD_stop_daemon must not find a suspended connection: the loops are
+ * stopped, then every waiting request is resumed and run to its end (a
+ * reader with nothing left to send ends the stream; a waiting non-streaming
+ * request is closed), then the daemons stop. */
 void http_stop(http_server *h)
 {
     if (!h) return;
-    MHD_stop_daemon(h->d);
-    free(h);
+    loops_join(h);
+    atomic_store(&h->stopping, 1);
+    for (int i = 0; i < h->n_loops; i++) {
+        http_loop *l = &h->loops[i];
+        for (http_conn *hc = l->live; hc; hc = hc->next) {
+            sched_client *c = hc->job->client;
+            pthread_mutex_lock(&c->mu);
+            if (hc->suspended) resume_locked(hc);
+            pthread_mutex_unlock(&c->mu);
+        }
+        for (int k = 0; k < 4; k++) MHD_run(l->d);
+    }
+    loops_free(h);
 }

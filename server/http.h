@@ -1,7 +1,7 @@
 /*
  * http.h - libmicrohttpd glue: listening, routing, API keys, body limits,
- * and the suspend/resume dance that lets a request wait for the scheduler
- * without holding an HTTP thread.
+ * the suspend/resume dance that lets a request wait for the scheduler
+ * without holding an HTTP thread, and the keep-alive comments of idle streams.
  */
 #ifndef SRV_HTTP_H
 #define SRV_HTTP_H
@@ -14,9 +14,11 @@
 typedef struct {
     const char *host;
     int port;               /* 0: any free port (the log says which) */
-    int threads;            /* polling threads */
+    int threads;            /* event loops, one thread each */
     const char *api_key;    /* NULL: no auth */
     size_t max_body;        /* bytes; larger bodies get 413 */
+    double heartbeat_s;     /* idle streams get a comment this often (0: never) */
+    int max_connections;    /* open connections at once, all loops together (0: 4096) */
     int webui;              /* serve the playground page at GET / */
     const char *allowed_origins;  /* CORS: comma-separated origins or "*"; NULL: no CORS headers */
 } http_opts;
@@ -28,7 +30,8 @@ typedef struct http_server http_server;
 int http_start(http_server **out, const http_opts *o, int *port, char *err, size_t errlen);
 /* ctx and s must outlive the server. */
 void http_set_ready(http_server *h, const api_ctx *ctx, sched *s);
-/* Stops accepting connections; requests on open ones get 503. */
+/* Stops accepting connections (returns once the listening socket is
+ * closed); requests on open ones get 503. */
 void http_drain(http_server *h);
 int http_jobs(http_server *h);     /* requests waiting on the scheduler */
 void http_stop(http_server *h);

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 
@@ -59,7 +60,7 @@ static void usage(FILE *f)
         "  --threads N            engine CPU threads, 0 = all cores (default 0)\n"
         "  --gpu-memory-fraction F  CUDA: share of the free device memory the pool takes at\n"
         "                         startup (weights, KV cache, state, activations; default 0.9)\n"
-        "  --http-threads N       HTTP polling threads (default 4)\n"
+        "  --http-threads N       HTTP event loops, one thread each (default 4)\n"
         "  --step-tokens N        token budget of a step while sequences decode (default: cpu 512,\n"
         "                         cuda 1024)\n"
         "  --step-tokens-idle N   ... and when none decodes (default: cpu 512, cuda the engine's\n"
@@ -243,6 +244,27 @@ static void log_model(const char *dir, const kda_model_info *in, int max_batch)
             in->max_seq_len, in->max_full_context_seqs, in->max_seqs, max_batch);
 }
 
+/* Each connection is a descriptor: raise the soft limit to the hard one (a
+ * default soft limit of 1024 would make accept() fail with EMFILE under a
+ * burst, and MHD stop listening), and keep the connection limit under it with
+ * room for the model files, the engine and the logs. */
+#define MAX_CONNECTIONS 4096
+static int connection_capacity(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return MAX_CONNECTIONS;
+    if (rl.rlim_cur < rl.rlim_max) {
+        rlim_t want = rl.rlim_max == RLIM_INFINITY || rl.rlim_max > 65536 ? 65536 : rl.rlim_max;
+        if (want > rl.rlim_cur) {
+            struct rlimit up = {want, rl.rlim_max};
+            if (setrlimit(RLIMIT_NOFILE, &up) == 0) rl.rlim_cur = want;
+        }
+    }
+    long room = (long)rl.rlim_cur - 256;
+    if (room < 64) room = 64;
+    return room < MAX_CONNECTIONS ? (int)room : MAX_CONNECTIONS;
+}
+
 /* Waits up to seconds for SIGINT/SIGTERM; returns the signal or 0. */
 static int wait_signal(const sigset_t *set, double seconds)
 {
@@ -292,7 +314,8 @@ int main(int argc, char **argv)
     sched *s = NULL;
     api_ctx ctx = {0};
     http_opts ho = {.host = f.host, .port = f.port, .threads = f.http_threads, .api_key = key,
-                    .max_body = (size_t)f.max_body, .webui = !f.no_webui, .allowed_origins = f.allowed_origins};
+                    .max_body = (size_t)f.max_body, .webui = !f.no_webui, .allowed_origins = f.allowed_origins,
+                    .heartbeat_s = f.heartbeat_s, .max_connections = connection_capacity()};
     if (http_start(&h, &ho, &port, err, sizeof err)) {
         srv_log(SRV_LOG_ERROR, "%s", err);
         goto out;
@@ -348,8 +371,7 @@ int main(int argc, char **argv)
     if (!f.prefill_chunk) f.prefill_chunk = on_gpu ? 256 : 128;
     sched_opts so = {.max_batch = max_batch, .max_queue = f.max_queue, .step_tokens = f.step_tokens,
                      .step_tokens_idle = f.step_tokens_idle, .prefill_chunk = f.prefill_chunk,
-                     .chunks_per_step = on_gpu ? 0 : 1,
-                     .heartbeat_s = f.heartbeat_s, .max_pending = 4u << 20};
+                     .chunks_per_step = on_gpu ? 0 : 1, .max_pending = 4u << 20};
     if (sched_start(&s, e, tok, &so, err, sizeof err)) {
         srv_log(SRV_LOG_ERROR, "scheduler: %s", err);
         goto out;
@@ -357,8 +379,9 @@ int main(int argc, char **argv)
     http_set_ready(h, &ctx, s);
     srv_log(SRV_LOG_INFO,
             "ready: model \"%s\", max batch %d, queue %d, step budget %d tokens (%d with nothing decoding, "
-            "chunks of %d), API key %s",
-            name, max_batch, f.max_queue, f.step_tokens, f.step_tokens_idle, f.prefill_chunk, key ? "required" : "off");
+            "chunks of %d), API key %s, %d HTTP threads, up to %d connections",
+            name, max_batch, f.max_queue, f.step_tokens, f.step_tokens_idle, f.prefill_chunk, key ? "required" : "off",
+            f.http_threads, ho.max_connections);
 
     int sig;
     while (!(sig = wait_signal(&sigs, 3600))) {}

@@ -72,7 +72,6 @@ struct sched {
     sched_client **wake;        /* clients to wake after this iteration, one ref each */
     int n_wake, wake_cap;
     char *emit; size_t emit_len, emit_cap;  /* text of one token, stop strings applied */
-    double last_hb_scan;
 };
 
 /* ---- client ---- */
@@ -182,7 +181,7 @@ static void wake_add(sched *s, sched_client *c)
     if (s->n_wake == s->wake_cap) {
         int cap = s->wake_cap ? s->wake_cap * 2 : 64;
         sched_client **w = realloc(s->wake, (size_t)cap * sizeof *w);
-        if (!w) return;   /* the client is woken by a later event or its heartbeat */
+        if (!w) return;   /* the client is woken by its next event */
         s->wake = w;
         s->wake_cap = cap;
     }
@@ -383,7 +382,6 @@ static void on_token(sched *s, run_seq *r, int32_t id, float lp)
     t->n_gen = r->n_gen;
     if (t->n_gen == 1) t->t_first = now;
     c->dirty = 1;
-    c->last_emit = now;
     slow = c->stream && t->out.len > s->o.max_pending;
     pthread_mutex_unlock(&c->mu);
     metrics_generated_tokens(1);
@@ -584,31 +582,6 @@ static void admit(sched *s)
     metrics_pool(u.seqs_used, u.seqs_total, (double)(u.kv_bytes_used + u.state_bytes_used));
 }
 
-/* Streams that have been quiet for heartbeat_s get a keep-alive comment, which
- * is also how a disconnect is noticed while a request waits in the queue;
- * non-streaming clients are probed every PROBE_S for the same reason. */
-#define PROBE_S 0.5   /* how often a non-streaming client's socket is checked */
-static void heartbeat_one(sched *s, sched_client *c, double now)
-{
-    pthread_mutex_lock(&c->mu);
-    int due = c->stream && s->o.heartbeat_s > 0 && now - c->last_emit >= s->o.heartbeat_s;
-    if (due) { c->heartbeat = 1; c->dirty = 1; c->last_emit = now; }
-    /* non-streaming: nothing to send, but the wake lets the HTTP side notice a hang-up */
-    int probe = !c->stream && now - c->last_emit >= PROBE_S;
-    if (probe) c->last_emit = now;
-    pthread_mutex_unlock(&c->mu);
-    if (due || probe) wake_add(s, c);
-}
-
-static void heartbeats(sched *s)
-{
-    double now = srv_now();
-    if (now - s->last_hb_scan < 0.1) return;
-    s->last_hb_scan = now;
-    for (int i = 0; i < s->n_run; i++) heartbeat_one(s, s->running[i]->c, now);
-    for (run_seq *r = s->wait_head; r; r = r->next) heartbeat_one(s, r->c, now);
-}
-
 static void *sched_main(void *arg)
 {
     sched *s = arg;
@@ -643,7 +616,6 @@ static void *sched_main(void *arg)
         }
         step(s);
         reap(s);
-        heartbeats(s);
         wake_flush(s);
         if (s->n_run == 0) {
             pthread_mutex_lock(&s->mu);
@@ -709,7 +681,6 @@ int sched_submit(sched *s, sched_client *c)
         s->n_queued += c->n_tasks;
         pthread_mutex_lock(&c->mu);
         c->refs += c->n_tasks;
-        c->last_emit = srv_now();
         pthread_mutex_unlock(&c->mu);
         pthread_cond_signal(&s->cv);
     }

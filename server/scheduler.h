@@ -86,10 +86,9 @@ struct sched_client {
     sched_task *tasks;             /* [n_tasks] */
     int n_finished;                /* under mu */
     int dirty;                     /* under mu: new output since the HTTP side last looked */
-    int heartbeat;                 /* under mu: a keep-alive comment is due (stream only) */
+    int heartbeat;                 /* under mu: a keep-alive comment is due (set by the HTTP side) */
     int cancelled;                 /* under mu: the client is gone */
     int stream;
-    double last_emit;              /* under mu */
     /* Called by the scheduler, without mu held, after it set dirty. */
     void (*wake)(sched_client *c);
     void *wake_arg;
@@ -111,7 +110,6 @@ typedef struct {
     int step_tokens_idle; /* ... and of a step when none decodes (prompts only: as much as the engine takes) */
     int prefill_chunk;    /* prompts are cut at multiples of this; a step takes whole chunks */
     int chunks_per_step;  /* at most this many chunks of one prompt per step (0 = as the budget allows) */
-    double heartbeat_s;   /* idle streams get a comment this often */
     size_t max_pending;   /* unread bytes per task before a slow reader is cut off */
 } sched_opts;
 
