@@ -8,12 +8,16 @@ set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT=${OUT:-/tmp/kda-out}
 LOG=/tmp/kda-logs
-rm -rf "$LOG"; mkdir -p "$OUT" "$LOG"
-# the programs travel packed (scripts/gpu-prepare.sh); a warm machine may
-# still hold an older unpacked copy, so always unpack afresh
-if [ -f .carry.tar.xz ]; then
-  rm -rf .carry
-  python3 -c "import tarfile; tarfile.open('.carry.tar.xz').extractall('.')" || exit 1
+# once per call (a script sourcing this may run another that does too)
+if [ -z "${KDA_GPU_ENV_DONE:-}" ]; then
+  rm -rf "$LOG"; mkdir -p "$OUT" "$LOG"
+  # the programs travel packed (scripts/gpu-prepare.sh); a warm machine may
+  # still hold an older unpacked copy, so always unpack afresh
+  if [ -f .carry.tar.xz ]; then
+    rm -rf .carry
+    python3 -c "import tarfile; tarfile.open('.carry.tar.xz').extractall('.')" || exit 1
+  fi
+  export KDA_GPU_ENV_DONE=1
 fi
 B=.carry/build
 M17=/tmp/kda-1.7b

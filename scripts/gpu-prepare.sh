@@ -32,6 +32,7 @@ for lib in $(for f in $PROGS; do [ -f "build-cuda/$f" ] && ldd "build-cuda/$f"; 
   cp -L "$lib" .carry/lib/
 done
 cp "$SHARED/bench/baseline_torch_fla.py" .carry/
+cp "$SHARED/data/llama2-tokenizer.model" .carry/   # kda-server needs a tokenizer (gpu-serve.sh)
 git rev-parse --short HEAD > .carry/commit
 [ -z "$(git status --porcelain --untracked-files=no)" ] || sed -i 's/$/+dirty/' .carry/commit
 if ! ls .whl/flash_linear_attention-0.5.2-*.whl .whl/fla_core-0.5.2-*.whl >/dev/null 2>&1; then
