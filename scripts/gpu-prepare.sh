@@ -15,14 +15,14 @@ SHARED=${KDA_SHARED:-../shared}
 [ -f build-cuda/build.ninja ] || meson setup build-cuda -Dcuda=enabled -Dbuildtype=release >/dev/null
 ninja -C build-cuda
 rm -rf .carry && mkdir -p .carry/lib
-for f in cli/kda-cli server/kda-server tests/kernels/test_kernels tests/kernels/test_cuda_model; do
+for f in cli/kda-cli server/kda-server tests/kernels/test_kernels tests/kernels/test_cuda_model tests/kernels/test_kda_chunk; do
   mkdir -p ".carry/build/$(dirname $f)"
   strip -o ".carry/build/$f" "build-cuda/$f"
 done
 # every shared library of the four programs except glibc, the C++ runtime and
 # CUDA's own (present there): cJSON, cmocka, sentencepiece, libmicrohttpd and
 # what gnutls pulls in (unistring, idn2, nettle, ...), libgomp
-for lib in $(for f in cli/kda-cli server/kda-server tests/kernels/test_kernels tests/kernels/test_cuda_model; do
+for lib in $(for f in cli/kda-cli server/kda-server tests/kernels/test_kernels tests/kernels/test_cuda_model tests/kernels/test_kda_chunk; do
                  ldd "build-cuda/$f"; done | awk '/=>/ {print $3}' | sort -u \
              | grep -vE '/lib(c|m|dl|pthread|rt|gcc_s|stdc\+\+|cuda|cudart|cublas|cublasLt)\.so'); do
   cp -L "$lib" .carry/lib/
