@@ -22,6 +22,14 @@
  *   out    block per (chunk, head): O = qg S_c + Aqk Vnew, then the gated
  *          output RMSNorm, bf16 out.
  *   tail   block per item: the new conv tail (after prep, which read the old).
+ * Sequence split (seq_split > 1), for long items when heads x V / BV blocks
+ * leave SMs idle: an item's chunks form segments; one launch runs segment 0
+ * from the slot's state and, for every other segment, its transition
+ * S_end = M S_start + B by the same recurrence on [I | 0] (K + V columns,
+ * U = 0 for the identity's); a combine kernel scans the segments
+ * (start(s) = M_{s-1} start(s-1) + B_{s-1}) and writes the final state; a
+ * third launch reruns segments >= 1 from their true starts for the output
+ * stage's S_c and Vnew. The transitions cost K/V times the state's work again.
  *
  * Numerics. Only non-positive numbers are exponentiated. Within a chunk the
  * 64 x 64 triangular matrices are built from 16 x 16 sub-blocks: diagonal
@@ -51,17 +59,25 @@ using namespace nvcuda;
 
 /* ---- the workspace, resolved to device pointers ---- */
 struct ChunkWs {
-    int *nchunks, *status, *item_chunk0, *item_nchunks, *chunk_item, *chunk_local;
-    float *q, *k, *v, *g, *beta, *aqk, *egl, *sc;
-    int max_chunks;
+    int *nchunks, *status, *item_chunk0, *item_nchunks, *chunk_item, *chunk_local, *item_nseg, *item_seg0;
+    float *q, *k, *v, *g, *beta, *aqk, *egl, *sc, *segx, *sstart;
+    int max_chunks, max_segs, seq_split;
 };
+
+/* Sequence split: an item of nc chunks gets min(seq_split, nc / KC_SEG_MIN)
+ * segments (1: not split), so every segment has >= KC_SEG_MIN chunks and all
+ * items together need at most max_segs segment buffers (T / 224 + 2 covers
+ * every packing of <= T rows: a split item has > 7 * 64 rows). */
+#define KC_SEG_MIN 4
+#define KC_SEG_MAX 16
 
 static size_t align256(size_t x) { return (x + 255) & ~(size_t)255; }
 
-extern "C" void kc_kda_chunk_layout_of(int T, int n_items, int H, int K, int V, kc_kda_chunk_layout *L)
+extern "C" void kc_kda_chunk_layout_of(int T, int n_items, int H, int K, int V, int seq_split, kc_kda_chunk_layout *L)
 {
     /* sum over items of ceil(ntok / 64) <= (T + 63 n_items) / 64 when the items tile <= T rows */
     const size_t maxc = ((size_t)T + 63 * (size_t)n_items) / KC_CH + 1;
+    const size_t maxs = seq_split > 1 ? (size_t)T / 224 + 2 : 0;
     const size_t rows = (size_t)H * T;
     size_t off = 0;
 #define KC_PUT(field, bytes)                                                                       \
@@ -73,6 +89,8 @@ extern "C" void kc_kda_chunk_layout_of(int T, int n_items, int H, int K, int V, 
     KC_PUT(status, 4);
     KC_PUT(item_chunk0, (size_t)n_items * 4);
     KC_PUT(item_nchunks, (size_t)n_items * 4);
+    KC_PUT(item_nseg, (size_t)n_items * 4);
+    KC_PUT(item_seg0, (size_t)n_items * 4);
     KC_PUT(chunk_item, maxc * 4);
     KC_PUT(chunk_local, maxc * 4);
     KC_PUT(q, rows * K * 4);
@@ -83,15 +101,25 @@ extern "C" void kc_kda_chunk_layout_of(int T, int n_items, int H, int K, int V, 
     KC_PUT(aqk, rows * KC_CH * 4);
     KC_PUT(egl, maxc * H * K * 4);
     KC_PUT(sc, maxc * H * (size_t)K * V * 4);
+    KC_PUT(segx, maxs * H * (size_t)K * (K + V) * 4);
+    KC_PUT(sstart, maxs * H * (size_t)K * V * 4);
 #undef KC_PUT
     L->max_chunks = (int)maxc;
+    L->max_segs = (int)maxs;
     L->bytes = off;
 }
 
 extern "C" size_t kc_kda_chunk_workspace(int T, int n_items, int H, int K, int V)
 {
     kc_kda_chunk_layout L;
-    kc_kda_chunk_layout_of(T, n_items, H, K, V, &L);
+    kc_kda_chunk_layout_of(T, n_items, H, K, V, 0, &L);
+    return L.bytes;
+}
+
+extern "C" size_t kc_kda_chunk_workspace_split(int T, int n_items, int H, int K, int V, int seq_split)
+{
+    kc_kda_chunk_layout L;
+    kc_kda_chunk_layout_of(T, n_items, H, K, V, seq_split, &L);
     return L.bytes;
 }
 
@@ -251,20 +279,50 @@ static __device__ __forceinline__ bool chunk_pos(const kc_kda_chunk_args &a, con
     return true;
 }
 
+/* inclusive scan of x over the 1024 threads of the block; *total = the block's sum */
+static __device__ int block_scan_1024(int x, int *wsum, int *total)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o) x += y;
+    }
+    if (lane == 31) wsum[warp] = x;
+    __syncthreads();
+    if (warp == 0) {
+        int v = wsum[lane];
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int y = __shfl_up_sync(0xffffffffu, v, o);
+            if (lane >= o) v += y;
+        }
+        wsum[lane] = v;
+    }
+    __syncthreads();
+    const int r = x + (warp ? wsum[warp - 1] : 0);
+    *total = wsum[31];
+    __syncthreads(); /* wsum free for the next scan */
+    return r;
+}
+
 /* ---- plan: the chunk table ----
  * Item i gets ceil(ntok / 64) chunks if it is live (slot >= 0, ntok > 0) and
  * its rows lie in 0..T-1; an item that fails the row check, or whose chunks
  * would not fit the table, gets none (counted in status). Table entries of a
- * rejected item that fall inside the table say item -1 (skipped). */
+ * rejected item that fall inside the table say item -1 (skipped). With a
+ * sequence split, its segments and their buffers (an item whose segments do
+ * not fit the buffers runs unsplit). */
 __global__ void __launch_bounds__(1024) kc_chunk_plan_kernel(kc_kda_chunk_args a, ChunkWs w)
 {
     KC_PDL_WAIT();
     KC_PDL_TRIGGER();
     __shared__ int wsum[32];
-    __shared__ int s_run, s_bad;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    if (tid == 0) s_run = 0, s_bad = 0;
+    __shared__ int s_bad;
+    const int tid = threadIdx.x;
+    if (tid == 0) s_bad = 0;
     __syncthreads();
+    int run = 0, srun = 0; /* chunks and segment buffers given to earlier tiles (same in every thread) */
     for (int base = 0; base < a.n_items; base += 1024) {
         const int i = base + tid;
         int nc = 0;
@@ -277,41 +335,31 @@ __global__ void __launch_bounds__(1024) kc_chunk_plan_kernel(kc_kda_chunk_args a
                     atomicAdd(&s_bad, 1);
             }
         }
-        int x = nc; /* inclusive scan: warps, then the 32 warp totals */
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const int y = __shfl_up_sync(0xffffffffu, x, o);
-            if (lane >= o) x += y;
-        }
-        if (lane == 31) wsum[warp] = x;
-        __syncthreads();
-        if (warp == 0) {
-            int v = wsum[lane];
-#pragma unroll
-            for (int o = 1; o < 32; o <<= 1) {
-                const int y = __shfl_up_sync(0xffffffffu, v, o);
-                if (lane >= o) v += y;
-            }
-            wsum[lane] = v;
-        }
-        __syncthreads();
-        const int run = s_run, c0 = run + x - nc + (warp ? wsum[warp - 1] : 0);
+        int total;
+        const int c0 = run + block_scan_1024(nc, wsum, &total) - nc;
+        const bool fits = c0 + nc <= w.max_chunks;
+        if (nc > 0 && !fits) atomicAdd(&s_bad, 1);
+        int nseg = 1;
+        if (fits && w.seq_split > 1) nseg = min(w.seq_split, nc / KC_SEG_MIN);
+        if (nseg < 2) nseg = 1;
+        int stotal;
+        const int sg0 = srun + block_scan_1024(nseg > 1 ? nseg : 0, wsum, &stotal) - (nseg > 1 ? nseg : 0);
+        if (nseg > 1 && sg0 + nseg > w.max_segs) nseg = 1;
         if (i < a.n_items) {
-            const bool fits = c0 + nc <= w.max_chunks;
-            if (nc > 0 && !fits) atomicAdd(&s_bad, 1);
             w.item_chunk0[i] = c0;
             w.item_nchunks[i] = fits ? nc : 0;
+            w.item_nseg[i] = nseg;
+            w.item_seg0[i] = sg0;
             for (int c = 0; c < nc && c0 + c < w.max_chunks; c++) {
                 w.chunk_item[c0 + c] = fits ? i : -1;
                 w.chunk_local[c0 + c] = c;
             }
         }
-        __syncthreads();
-        if (tid == 0) s_run = run + wsum[31];
-        __syncthreads();
+        run += total, srun += stotal;
     }
+    __syncthreads();
     if (tid == 0) {
-        *w.nchunks = min(s_run, w.max_chunks);
+        *w.nchunks = min(run, w.max_chunks);
         *w.status = s_bad;
     }
 }
@@ -612,37 +660,107 @@ __global__ void __launch_bounds__(KC_THREADS) kc_chunk_intra_kernel(kc_kda_chunk
         w.aqk[((size_t)h * T + row0 + (e >> 6)) * KC_CH + (e & 63)] = A_s[(e >> 6) * KC_LDA + (e & 63)];
 }
 
-/* ---- recur: block per (item, head, value block of BV columns) ----
- * Shared memory (floats): S [K][BV+4], Vnew [64][BV+4], then two buffers of
- * { W [64][K+4], kg [64][K+4], U [64][BV+4], exp(Gam_last) [K] }: chunk
- * c + 1's loads (cp.async) are in flight while chunk c computes. */
-static __host__ __device__ int recur_smem_floats(int K, int BV)
+/* ---- recur ----
+ * A block walks chunks [c0, c1) of one item for one head with BV columns of
+ * a K x BV matrix X in shared memory: per chunk X <- diag(exp(Gam_last)) X +
+ * kg^T (U - W X). With X = the state's value columns that is the
+ * recurrence; with U = 0 and X starting as columns of the identity, X ends
+ * as the chunks' transition matrix M (S_end = M S_start + B): the sequence
+ * split below. What a block does is its job: */
+enum { RJ_SLOT, RJ_IDENT, RJ_ZERO, RJ_SSTART };     /* start of X */
+enum { RJ_END_NONE, RJ_END_SLOT, RJ_END_SEGX };    /* where the final X goes */
+struct RecurJob {
+    int c0, c1;   /* chunk range within the item */
+    int vcol;     /* first value column (U, Vnew, state), or -1: identity columns mcol.. (U = 0) */
+    int mcol;
+    int start, end;
+    int seg;      /* segment buffer index (RJ_SSTART, RJ_END_SEGX) */
+    int xcol;     /* first column in the segment buffer's K + V columns */
+    bool out;     /* store X at each chunk start and Vnew (for the output stage) */
+};
+
+/* Segment s of an item with nc chunks in nseg segments: chunks [s nc / nseg, (s+1) nc / nseg). */
+static __device__ __forceinline__ int seg_c0(int s, int nc, int nseg) { return (int)((long)s * nc / nseg); }
+
+/* phase 0: no split, z = value block. phase 1 (split): z = aug block + (K+V)/BV * segment:
+ * segment 0 runs from the slot's state with outputs, segments >= 1 compute their
+ * [M | B] from [I | 0]; items with one segment run whole. phase 2 (split, after
+ * the combine): z = value block + V/BV * (segment - 1), from the true segment
+ * start, with outputs. */
+static __device__ bool recur_job(const kc_kda_chunk_args &a, const ChunkWs &w, int phase, int BV, int write_state,
+                                 RecurJob *j)
 {
-    return (K + KC_CH) * (BV + 4) + 2 * (2 * KC_CH * (K + 4) + KC_CH * (BV + 4) + K);
+    const int item = blockIdx.x, nc = w.item_nchunks[item];
+    if (nc == 0) return false;
+    const int K = a.K, V = a.V, nvb = V / BV, nmb = K / BV;
+    const int nseg = phase == 0 ? 1 : w.item_nseg[item];
+    j->c0 = 0, j->c1 = nc, j->mcol = 0, j->seg = 0, j->xcol = 0;
+    j->start = RJ_SLOT, j->end = write_state ? RJ_END_SLOT : RJ_END_NONE, j->out = true;
+    if (phase == 0) {
+        j->vcol = blockIdx.z * BV;
+        return true;
+    }
+    if (phase == 2) {
+        const int vb = blockIdx.z % nvb, s = 1 + blockIdx.z / nvb;
+        if (nseg < 2 || s >= nseg) return false;
+        j->vcol = vb * BV, j->c0 = seg_c0(s, nc, nseg), j->c1 = seg_c0(s + 1, nc, nseg);
+        j->start = RJ_SSTART, j->seg = w.item_seg0[item] + s, j->end = RJ_END_NONE;
+        return true;
+    }
+    const int cb = blockIdx.z % (nmb + nvb), s = blockIdx.z / (nmb + nvb);
+    if (s >= nseg) return false;
+    if (nseg == 1) { /* not split: the whole item */
+        if (cb < nmb) return false;
+        j->vcol = (cb - nmb) * BV;
+        return true;
+    }
+    j->c0 = seg_c0(s, nc, nseg), j->c1 = seg_c0(s + 1, nc, nseg);
+    j->seg = w.item_seg0[item] + s, j->end = RJ_END_SEGX, j->xcol = cb * BV;
+    if (s == 0) {
+        if (cb < nmb) return false;
+        j->vcol = (cb - nmb) * BV;
+        return true;
+    }
+    j->out = false;
+    if (cb < nmb)
+        j->vcol = -1, j->mcol = cb * BV, j->start = RJ_IDENT;
+    else
+        j->vcol = (cb - nmb) * BV, j->start = RJ_ZERO;
+    return true;
+}
+
+/* Shared memory (floats): X [K][BV+4], Vnew [64][BV+4], then nbuf (1 or 2)
+ * buffers of { W [64][K+4], kg [64][K+4], U [64][BV+4], exp(Gam_last) [K] }.
+ * With 2, chunk c + 1's loads (cp.async) are in flight while chunk c
+ * computes; with 1, a second block on the SM (half the shared memory) hides them. */
+static __host__ __device__ int recur_smem_floats(int K, int BV, int nbuf)
+{
+    return (K + KC_CH) * (BV + 4) + nbuf * (2 * KC_CH * (K + 4) + KC_CH * (BV + 4) + K);
 }
 
 template <int MODE>
-__global__ void __launch_bounds__(KC_THREADS) kc_chunk_recur_kernel(kc_kda_chunk_args a, ChunkWs w, int BV,
-                                                                     int write_state)
+__global__ void __launch_bounds__(KC_THREADS) kc_chunk_recur_kernel(kc_kda_chunk_args a, ChunkWs w, int BV, int nbuf,
+                                                                     int phase, int write_state)
 {
     KC_PDL_WAIT();
     KC_PDL_TRIGGER();
-    const int item = blockIdx.x, h = blockIdx.y, vb = blockIdx.z;
-    const int nc = w.item_nchunks[item];
-    if (nc == 0) return;
+    RecurJob jb;
+    if (!recur_job(a, w, phase, BV, write_state, &jb)) return;
+    const int item = blockIdx.x, h = blockIdx.y;
     const int gc0 = w.item_chunk0[item], irow0 = a.item_row0[item], nt = a.item_ntok[item];
-    const int H = a.H, K = a.K, V = a.V, LDK = K + 4, LDV = BV + 4;
+    const int H = a.H, K = a.K, V = a.V, LDK = K + 4, LDV = BV + 4, XW = K + V;
     const size_t T = a.T;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     KC_DYNAMIC_SMEM(sm);
     float *S_s = sm, *Vn_s = S_s + K * LDV, *buf0 = Vn_s + KC_CH * LDV;
     const int bufsz = 2 * KC_CH * LDK + KC_CH * LDV + K;
+    const bool has_u = jb.vcol >= 0;
 
     auto issue = [&](int ci, int b) {
         float *Wb = buf0 + b * bufsz, *kgb = Wb + KC_CH * LDK, *Ub = kgb + KC_CH * LDK, *egb = Ub + KC_CH * LDV;
         const int n = min(KC_CH, nt - KC_CH * ci), row0 = irow0 + KC_CH * ci;
         const float *Wg = w.g + ((size_t)h * T + row0) * K, *kgg = w.k + ((size_t)h * T + row0) * K;
-        const float *Ug = w.v + ((size_t)h * T + row0) * V + vb * BV;
+        const float *Ug = w.v + ((size_t)h * T + row0) * V + (has_u ? jb.vcol : 0);
         const int k4 = K / 4, v4 = BV / 4;
         for (int e = tid; e < KC_CH * k4; e += KC_THREADS) {
             const int r = e / k4, q = e % k4;
@@ -650,31 +768,46 @@ __global__ void __launch_bounds__(KC_THREADS) kc_chunk_recur_kernel(kc_kda_chunk
             cp_async16(Wb + r * LDK + 4 * q, Wg + (size_t)(ok ? r : 0) * K + 4 * q, ok);
             cp_async16(kgb + r * LDK + 4 * q, kgg + (size_t)(ok ? r : 0) * K + 4 * q, ok);
         }
-        for (int e = tid; e < KC_CH * v4; e += KC_THREADS) {
+        for (int e = tid; e < KC_CH * v4; e += KC_THREADS) { /* identity columns: U = 0 */
             const int r = e / v4, q = e % v4;
-            const bool ok = r < n;
+            const bool ok = has_u && r < n;
             cp_async16(Ub + r * LDV + 4 * q, Ug + (size_t)(ok ? r : 0) * V + 4 * q, ok);
         }
         for (int e = tid; e < k4; e += KC_THREADS) cp_async16(egb + 4 * e, w.egl + ((size_t)(gc0 + ci) * H + h) * K + 4 * e, true);
     };
 
-    float *Sg = a.state + (size_t)a.item_slot[item] * a.slot_stride + (size_t)h * K * V + vb * BV;
-    for (int e = tid; e < K * BV; e += KC_THREADS) S_s[(e / BV) * LDV + e % BV] = Sg[(size_t)(e / BV) * V + e % BV];
-    issue(0, 0);
+    float *Sg = a.state + (size_t)a.item_slot[item] * a.slot_stride + (size_t)h * K * V + (has_u ? jb.vcol : 0);
+    const float *Xs = w.sstart + ((size_t)jb.seg * H + h) * K * V + (has_u ? jb.vcol : 0);
+    for (int e = tid; e < K * BV; e += KC_THREADS) {
+        const int d = e / BV, c = e % BV;
+        float x = 0.0f;
+        if (jb.start == RJ_SLOT) x = Sg[(size_t)d * V + c];
+        else if (jb.start == RJ_SSTART) x = Xs[(size_t)d * V + c];
+        else if (jb.start == RJ_IDENT) x = d == jb.mcol + c ? 1.0f : 0.0f;
+        S_s[d * LDV + c] = x;
+    }
+    issue(jb.c0, 0);
     cp_async_commit();
     const int nvt = BV / 16;
-    for (int ci = 0; ci < nc; ci++) {
-        const int b = ci & 1;
-        if (ci + 1 < nc) issue(ci + 1, b ^ 1);
-        cp_async_commit();
-        cp_async_wait<1>(); /* this thread's copies of chunk ci have landed */
-        __syncthreads();    /* everyone's, and S from the previous chunk */
+    for (int ci = jb.c0; ci < jb.c1; ci++) {
+        int b = 0;
+        if (nbuf == 2) {
+            b = (ci - jb.c0) & 1;
+            if (ci + 1 < jb.c1) issue(ci + 1, b ^ 1);
+            cp_async_commit();
+            cp_async_wait<1>(); /* this thread's copies of chunk ci have landed */
+        } else {
+            if (ci > jb.c0) issue(ci, 0), cp_async_commit();
+            cp_async_wait<0>();
+        }
+        __syncthreads(); /* everyone's copies, and X from the previous chunk */
         const float *Wb = buf0 + b * bufsz, *kgb = Wb + KC_CH * LDK, *Ub = kgb + KC_CH * LDK, *egb = Ub + KC_CH * LDV;
         const int n = min(KC_CH, nt - KC_CH * ci), row0 = irow0 + KC_CH * ci;
-        /* the state at the chunk's start, for the output stage */
-        float *scg = w.sc + ((size_t)(gc0 + ci) * H + h) * K * V + vb * BV;
-        for (int e = tid; e < K * BV; e += KC_THREADS) scg[(size_t)(e / BV) * V + e % BV] = S_s[(e / BV) * LDV + e % BV];
-        /* Vnew = U - W S */
+        if (jb.out) { /* the state at the chunk's start, for the output stage */
+            float *scg = w.sc + ((size_t)(gc0 + ci) * H + h) * K * V + jb.vcol;
+            for (int e = tid; e < K * BV; e += KC_THREADS) scg[(size_t)(e / BV) * V + e % BV] = S_s[(e / BV) * LDV + e % BV];
+        }
+        /* Vnew = U - W X */
         for (int t = warp; t < 4 * nvt; t += KC_THREADS / 32) {
             const int mi = t / nvt, ni = t % nvt;
             Acc<MODE> acc;
@@ -682,10 +815,12 @@ __global__ void __launch_bounds__(KC_THREADS) kc_chunk_recur_kernel(kc_kda_chunk
             acc.template mma<true, true>(Wb + 16 * mi * LDK, LDK, S_s + 16 * ni, LDV, K, true);
             acc.store(Vn_s + 16 * mi * LDV + 16 * ni, LDV);
         }
-        __syncthreads(); /* Vnew complete; S no longer read */
-        float *vng = w.v + ((size_t)h * T + row0) * V + vb * BV; /* in place of U (already in smem) */
-        for (int e = tid; e < n * BV; e += KC_THREADS) vng[(size_t)(e / BV) * V + e % BV] = Vn_s[(e / BV) * LDV + e % BV];
-        /* S = diag(exp(Gam_last)) S + kg^T Vnew; each warp scales its own tiles */
+        __syncthreads(); /* Vnew complete; X no longer read */
+        if (jb.out) { /* in place of U (already in shared memory) */
+            float *vng = w.v + ((size_t)h * T + row0) * V + jb.vcol;
+            for (int e = tid; e < n * BV; e += KC_THREADS) vng[(size_t)(e / BV) * V + e % BV] = Vn_s[(e / BV) * LDV + e % BV];
+        }
+        /* X = diag(exp(Gam_last)) X + kg^T Vnew; each warp scales its own tiles */
         for (int t = warp; t < (K / 16) * nvt; t += KC_THREADS / 32) {
             const int mi = t / nvt, ni = t % nvt;
             float *St = S_s + 16 * mi * LDV + 16 * ni;
@@ -696,11 +831,71 @@ __global__ void __launch_bounds__(KC_THREADS) kc_chunk_recur_kernel(kc_kda_chunk
             acc.template mma<false, true>(kgb + 16 * mi, LDK, Vn_s + 16 * ni, LDV, KC_CH, false);
             acc.store(St, LDV);
         }
-        __syncthreads(); /* before the next chunk reuses this buffer, Vnew and S */
+        __syncthreads(); /* before the next chunk reuses the buffer, Vnew and X */
     }
     cp_async_wait<0>();
-    if (write_state)
+    if (jb.end == RJ_END_SLOT)
         for (int e = tid; e < K * BV; e += KC_THREADS) Sg[(size_t)(e / BV) * V + e % BV] = S_s[(e / BV) * LDV + e % BV];
+    else if (jb.end == RJ_END_SEGX) {
+        float *xg = w.segx + ((size_t)jb.seg * H + h) * K * XW + jb.xcol;
+        for (int e = tid; e < K * BV; e += KC_THREADS) xg[(size_t)(e / BV) * XW + e % BV] = S_s[(e / BV) * LDV + e % BV];
+    }
+}
+
+/* ---- combine (sequence split): block per (item, head, value block) ----
+ * Walks the item's segments: start(s) = E(s-1) to sstart, then
+ * E(s) = M_s E(s-1) + B_s; the last E is the new state. Shared memory
+ * (floats): M [K][K+4], E and E' [K][BV+4]. */
+static __host__ __device__ int combine_smem_floats(int K, int BV) { return K * (K + 4) + 2 * K * (BV + 4); }
+
+template <int MODE>
+__global__ void __launch_bounds__(KC_THREADS) kc_chunk_combine_kernel(kc_kda_chunk_args a, ChunkWs w, int BV,
+                                                                       int write_state)
+{
+    KC_PDL_WAIT();
+    KC_PDL_TRIGGER();
+    const int item = blockIdx.x, h = blockIdx.y, vcol = blockIdx.z * BV;
+    const int nseg = w.item_nchunks[item] ? w.item_nseg[item] : 0;
+    if (nseg < 2) return;
+    const int H = a.H, K = a.K, V = a.V, XW = K + V, LDM = K + 4, LDV = BV + 4;
+    const int tid = threadIdx.x, warp = tid >> 5;
+    KC_DYNAMIC_SMEM(sm);
+    float *M_s = sm, *E_s = M_s + K * LDM, *E2_s = E_s + K * LDV;
+    const int seg0 = w.item_seg0[item];
+    const float *x0 = w.segx + ((size_t)seg0 * H + h) * K * XW + K + vcol;
+    for (int e = tid; e < K * BV; e += KC_THREADS) E_s[(e / BV) * LDV + e % BV] = x0[(size_t)(e / BV) * XW + e % BV];
+    const int nvt = BV / 16;
+    for (int s = 1; s < nseg; s++) {
+        const float *xs = w.segx + ((size_t)(seg0 + s) * H + h) * K * XW;
+        for (int e = tid; e < K * (K / 4); e += KC_THREADS) {
+            const int r = e / (K / 4), q = e % (K / 4);
+            cp_async16(M_s + r * LDM + 4 * q, xs + (size_t)r * XW + 4 * q, true);
+        }
+        for (int e = tid; e < K * (BV / 4); e += KC_THREADS) { /* B_s into E', the accumulator's start */
+            const int r = e / (BV / 4), q = e % (BV / 4);
+            cp_async16(E2_s + r * LDV + 4 * q, xs + (size_t)r * XW + K + vcol + 4 * q, true);
+        }
+        cp_async_commit();
+        __syncthreads(); /* E complete (previous step) */
+        float *st = w.sstart + ((size_t)(seg0 + s) * H + h) * K * V + vcol;
+        for (int e = tid; e < K * BV; e += KC_THREADS) st[(size_t)(e / BV) * V + e % BV] = E_s[(e / BV) * LDV + e % BV];
+        cp_async_wait<0>();
+        __syncthreads();
+        for (int t = warp; t < (K / 16) * nvt; t += KC_THREADS / 32) {
+            const int mi = t / nvt, ni = t % nvt;
+            Acc<MODE> acc;
+            acc.load(E2_s + 16 * mi * LDV + 16 * ni, LDV);
+            acc.template mma<true, true>(M_s + 16 * mi * LDM, LDM, E_s + 16 * ni, LDV, K, false);
+            acc.store(E2_s + 16 * mi * LDV + 16 * ni, LDV);
+        }
+        __syncthreads();
+        float *tmp = E_s;
+        E_s = E2_s, E2_s = tmp;
+    }
+    if (write_state) {
+        float *Sg = a.state + (size_t)a.item_slot[item] * a.slot_stride + (size_t)h * K * V + vcol;
+        for (int e = tid; e < K * BV; e += KC_THREADS) Sg[(size_t)(e / BV) * V + e % BV] = E_s[(e / BV) * LDV + e % BV];
+    }
 }
 
 /* ---- out: block per (chunk, head), all V columns ----
@@ -844,24 +1039,35 @@ template <typename Kern> static int smem_allow(Kern k, size_t bytes, size_t *all
         }                                                                                           \
     } while (0)
 
-template <int MODE> static int run_chunk_stages(const kc_kda_chunk_args *a, const ChunkWs &w, int bv, cudaStream_t s)
+template <int MODE>
+static int run_chunk_stages(const kc_kda_chunk_args *a, const ChunkWs &w, int bv, int nbuf, cudaStream_t s)
 {
-    static size_t allow_intra = 0, allow_recur = 0, allow_out = 0;
-    const int H = a->H, K = a->K, V = a->V, stop = a->debug_stop_after;
-    const int maxc = w.max_chunks;
-    const size_t sm_intra = (size_t)intra_smem_floats(K) * 4, sm_recur = (size_t)recur_smem_floats(K, bv) * 4;
-    const size_t sm_out = (size_t)out_smem_floats(K, V) * 4;
+    static size_t allow_intra = 0, allow_recur = 0, allow_out = 0, allow_comb = 0;
+    const int H = a->H, K = a->K, V = a->V, stop = a->debug_stop_after, split = w.seq_split > 1;
+    const int maxc = w.max_chunks, ws = stop == 0 ? 1 : 0;
+    const size_t sm_intra = (size_t)intra_smem_floats(K) * 4, sm_recur = (size_t)recur_smem_floats(K, bv, nbuf) * 4;
+    const size_t sm_out = (size_t)out_smem_floats(K, V) * 4, sm_comb = (size_t)combine_smem_floats(K, bv) * 4;
     if (smem_allow(kc_chunk_intra_kernel<MODE>, sm_intra, &allow_intra) ||
         smem_allow(kc_chunk_recur_kernel<MODE>, sm_recur, &allow_recur) ||
-        smem_allow(kc_chunk_out_kernel<MODE>, sm_out, &allow_out))
+        smem_allow(kc_chunk_out_kernel<MODE>, sm_out, &allow_out) ||
+        (split && smem_allow(kc_chunk_combine_kernel<MODE>, sm_comb, &allow_comb)))
         return -7;
     KC_CHUNK_LAUNCH("plan", kc_chunk_plan_kernel, dim3(1), dim3(1024), 0, s, *a, w);
     KC_CHUNK_LAUNCH("prep", kc_chunk_prep_kernel, dim3(maxc, H, 3), dim3(KC_PREP_THREADS), (size_t)KC_CH * K * 4, s, *a, w);
     if (stop == 1) return 0;
     KC_CHUNK_LAUNCH("intra", kc_chunk_intra_kernel<MODE>, dim3(maxc, H), dim3(KC_THREADS), sm_intra, s, *a, w);
     if (stop == 2) return 0;
-    KC_CHUNK_LAUNCH("recur", kc_chunk_recur_kernel<MODE>, dim3(a->n_items, H, V / bv), dim3(KC_THREADS), sm_recur, s,
-                    *a, w, bv, stop == 0 ? 1 : 0);
+    if (!split) {
+        KC_CHUNK_LAUNCH("recur", kc_chunk_recur_kernel<MODE>, dim3(a->n_items, H, V / bv), dim3(KC_THREADS), sm_recur,
+                        s, *a, w, bv, nbuf, 0, ws);
+    } else { /* segments' transitions (and segment 0, and unsplit items), the scan, the rest */
+        KC_CHUNK_LAUNCH("recur split", kc_chunk_recur_kernel<MODE>, dim3(a->n_items, H, (K + V) / bv * w.seq_split),
+                        dim3(KC_THREADS), sm_recur, s, *a, w, bv, nbuf, 1, ws);
+        KC_CHUNK_LAUNCH("combine", kc_chunk_combine_kernel<MODE>, dim3(a->n_items, H, V / bv), dim3(KC_THREADS), sm_comb,
+                        s, *a, w, bv, ws);
+        KC_CHUNK_LAUNCH("recur rerun", kc_chunk_recur_kernel<MODE>, dim3(a->n_items, H, V / bv * (w.seq_split - 1)),
+                        dim3(KC_THREADS), sm_recur, s, *a, w, bv, nbuf, 2, ws);
+    }
     if (stop == 3) return 0;
     KC_CHUNK_LAUNCH("out", kc_chunk_out_kernel<MODE>, dim3(maxc, H), dim3(KC_THREADS), sm_out, s, *a, w);
     if (stop == 4) return 0;
@@ -883,8 +1089,10 @@ extern "C" int kc_kda_chunk(const kc_kda_chunk_args *a, cudaStream_t s)
     if (a->slot_stride < (size_t)H * K * V + (size_t)(a->taps - 1) * C) return -1;
     if (a->gemm < KC_KDA_GEMM_TF32 || a->gemm > KC_KDA_GEMM_SIMT || a->debug_stop_after < 0 || a->debug_stop_after > 4)
         return -1;
+    if (a->seq_split < 0 || a->seq_split > KC_SEG_MAX || a->recur_buffers < 0 || a->recur_buffers > 2) return -1;
+    const int split = a->seq_split > 1 ? a->seq_split : 0;
     kc_kda_chunk_layout L;
-    kc_kda_chunk_layout_of(a->T, a->n_items, H, K, V, &L);
+    kc_kda_chunk_layout_of(a->T, a->n_items, H, K, V, split, &L);
     if (a->work_bytes < L.bytes || ((uintptr_t)a->work & 255)) return -1;
     /* value block: the widest that still gives every SM a block */
     int bv = a->bv;
@@ -892,13 +1100,19 @@ extern "C" int kc_kda_chunk(const kc_kda_chunk_args *a, cudaStream_t s)
         const long heads = (long)a->n_items * H;
         bv = V >= 64 && heads * (V / 64) >= 2L * sm_count() ? 64 : V >= 32 && heads * (V / 32) >= sm_count() ? 32 : 16;
     }
-    if ((bv != 16 && bv != 32 && bv != 64) || bv > V) return -1;
+    if (bv != 16 && bv != 32 && bv != 64) return -1;
+    if (!a->bv && split)
+        while (K % bv) bv /= 2; /* the transition's identity columns come in blocks of bv */
+    if (bv > V || (split && K % bv)) return -1;
+    const int nbuf = a->recur_buffers ? a->recur_buffers : 2;
     char *base = (char *)a->work;
     ChunkWs w;
     w.nchunks = (int *)(base + L.plan_nchunks);
     w.status = (int *)(base + L.status);
     w.item_chunk0 = (int *)(base + L.item_chunk0);
     w.item_nchunks = (int *)(base + L.item_nchunks);
+    w.item_nseg = (int *)(base + L.item_nseg);
+    w.item_seg0 = (int *)(base + L.item_seg0);
     w.chunk_item = (int *)(base + L.chunk_item);
     w.chunk_local = (int *)(base + L.chunk_local);
     w.q = (float *)(base + L.q);
@@ -909,10 +1123,14 @@ extern "C" int kc_kda_chunk(const kc_kda_chunk_args *a, cudaStream_t s)
     w.aqk = (float *)(base + L.aqk);
     w.egl = (float *)(base + L.egl);
     w.sc = (float *)(base + L.sc);
+    w.segx = (float *)(base + L.segx);
+    w.sstart = (float *)(base + L.sstart);
     w.max_chunks = L.max_chunks;
+    w.max_segs = L.max_segs;
+    w.seq_split = split;
     switch (a->gemm) {
-    case KC_KDA_GEMM_3XTF32: return run_chunk_stages<KC_KDA_GEMM_3XTF32>(a, w, bv, s);
-    case KC_KDA_GEMM_SIMT: return run_chunk_stages<KC_KDA_GEMM_SIMT>(a, w, bv, s);
-    default: return run_chunk_stages<KC_KDA_GEMM_TF32>(a, w, bv, s);
+    case KC_KDA_GEMM_3XTF32: return run_chunk_stages<KC_KDA_GEMM_3XTF32>(a, w, bv, nbuf, s);
+    case KC_KDA_GEMM_SIMT: return run_chunk_stages<KC_KDA_GEMM_SIMT>(a, w, bv, nbuf, s);
+    default: return run_chunk_stages<KC_KDA_GEMM_TF32>(a, w, bv, nbuf, s);
     }
 }

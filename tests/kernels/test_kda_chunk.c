@@ -5,8 +5,9 @@
  * kda_recurrent_f32, rmsnorm_f32) and against kc_kda_step, the per-token
  * GPU kernel, on the same inputs.
  *
- * Every case: random inputs (gates chosen per element log-uniformly between
- * exp(-1e-3) and exp(-5) per token, or exp(-5)..exp(-30) for the strong-decay
+ * Every case: random inputs (per channel a decay rate log-uniform between
+ * exp(-1e-3) and exp(-5) per token, jittered per token, so some channels keep
+ * the state for thousands of tokens; exp(-5)..exp(-30) for the strong-decay
  * cases), non-zero initial state and conv tail, output and workspace poisoned
  * with NaN, then
  *   y (bf16) rel L2 per item            <= 5e-3 (all variants; bf16 rounding alone
@@ -38,6 +39,10 @@
 #include "kt_util.h"
 
 #define MAXI 64
+/* the kernels' switches (kc_kda_chunk_args.gemm, bv, seq_split, recur_buffers) */
+typedef struct {
+    int gemm, bv, split, nbuf;
+} variant;
 #define Y_TOL 5e-3 /* bf16 output against the fp32 reference */
 enum { GATE_NORMAL = 0, GATE_STRONG = 1, GATE_FACTORED = 2 };
 
@@ -108,18 +113,23 @@ static void prob_init(prob *p, int H, int K, int V, int taps, int T, int n_slots
             }
         }
     } else {
-        /* per-token decay magnitude m = -gk log-uniform in [lo, hi]; graw
-         * inverts the gate: softplus(graw + dt_bias) = m / exp(A_log) */
+        /* per channel a decay rate m_c = -gk log-uniform in [lo, hi] (some
+         * channels remember thousands of tokens, others a few), per token
+         * m_c exp(0.3 N(0,1)); graw inverts the gate: softplus(graw + dt_bias)
+         * = m / exp(A_log) */
         const double lo = gate == GATE_STRONG ? 5.0 : 1e-3, hi = gate == GATE_STRONG ? 30.0 : 5.0;
         for (int h = 0; h < H; h++) p->A_log[h] = -1.0f + 2.0f * (float)kt_u01();
+        double *mc = malloc((size_t)p->HK * sizeof *mc);
+        for (int c = 0; c < p->HK; c++) mc[c] = exp(log(lo) + (log(hi) - log(lo)) * kt_u01());
         for (int t = 0; t < T; t++) {
             float *lr = p->lowrank + (size_t)t * LR;
             for (int c = 0; c < p->HK; c++) {
-                const double m = exp(log(lo) + (log(hi) - log(lo)) * kt_u01());
+                const double m = mc[c] * exp(0.3 * kt_randn());
                 lr[c] = softplus_inv((float)(m / exp(p->A_log[c / K]))) - p->dtb[c];
             }
             for (int c = 0; c < p->HV; c++) lr[p->HK + c] = kt_randn();
         }
+        free(mc);
     }
 }
 
@@ -195,7 +205,7 @@ typedef struct {
     size_t work_bytes;
 } dev_prob;
 
-static void dev_init(dev_prob *d, const prob *p, int n_items_max)
+static void dev_init(dev_prob *d, const prob *p, int n_items_max, int split)
 {
     const size_t Tn = p->T > 0 ? (size_t)p->T : 1;
     d->proj = kt_dev(p->proj, Tn * p->ldp * 4);
@@ -208,7 +218,8 @@ static void dev_init(dev_prob *d, const prob *p, int n_items_max)
     d->state = kt_dev(p->state, p->slot_stride * p->n_slots * 4);
     d->meta = kt_dev(NULL, 3 * MAXI * 4);
     d->y = kt_dev_poison(Tn * p->HV * 2);
-    d->work_bytes = kc_kda_chunk_workspace(p->T, n_items_max, p->H, p->K, p->V);
+    d->work_bytes = split > 1 ? kc_kda_chunk_workspace_split(p->T, n_items_max, p->H, p->K, p->V, split)
+                              : kc_kda_chunk_workspace(p->T, n_items_max, p->H, p->K, p->V);
     d->work = kt_dev_poison(d->work_bytes);
 }
 
@@ -218,7 +229,7 @@ static void dev_free(dev_prob *d)
     cudaFree(d->dtb), cudaFree(d->onorm), cudaFree(d->state), cudaFree(d->meta), cudaFree(d->y), cudaFree(d->work);
 }
 
-static void fill_args(kc_kda_chunk_args *a, const prob *p, const dev_prob *d, int n_items, int gemm, int bv, int stop)
+static void fill_args(kc_kda_chunk_args *a, const prob *p, const dev_prob *d, int n_items, variant vr, int stop)
 {
     memset(a, 0, sizeof *a);
     a->proj = d->proj, a->ldp = p->ldp, a->off_beta = p->off_beta, a->lowrank = d->lowrank;
@@ -229,7 +240,7 @@ static void fill_args(kc_kda_chunk_args *a, const prob *p, const dev_prob *d, in
     a->eps = p->eps, a->H = p->H, a->K = p->K, a->V = p->V, a->taps = p->taps;
     a->y = d->y, a->ldy = p->HV;
     a->work = d->work, a->work_bytes = d->work_bytes;
-    a->gemm = gemm, a->bv = bv, a->debug_stop_after = stop;
+    a->gemm = vr.gemm, a->bv = vr.bv, a->seq_split = vr.split, a->recur_buffers = vr.nbuf, a->debug_stop_after = stop;
 }
 
 static void set_items(dev_prob *d, const int *row0, const int *ntok, const int *slot, int n)
@@ -286,16 +297,19 @@ static int report(const char *cs, const char *what, const err_acc *e, double tol
 typedef struct {
     int n;
     int item[4096], local[4096];
-    int chunk0[MAXI], nch[MAXI];
+    int chunk0[MAXI], nch[MAXI], nseg[MAXI];
 } host_plan;
 
-static void make_plan(host_plan *hp, const prob *p, const int *row0, const int *ntok, const int *slot, int n_items)
+/* segments: min(split, chunks / 4), 1 below 2 (kda_chunk.h) */
+static void make_plan(host_plan *hp, const prob *p, const int *row0, const int *ntok, const int *slot, int n_items,
+                      int split)
 {
     hp->n = 0;
     for (int i = 0; i < n_items; i++) {
         const int live = slot[i] >= 0 && ntok[i] > 0 && row0[i] >= 0 && row0[i] + ntok[i] <= p->T;
         hp->chunk0[i] = hp->n;
         hp->nch[i] = live ? (ntok[i] + 63) / 64 : 0;
+        hp->nseg[i] = split > 1 && hp->nch[i] / 4 >= 2 ? (hp->nch[i] / 4 < split ? hp->nch[i] / 4 : split) : 1;
         for (int c = 0; c < hp->nch[i]; c++) hp->item[hp->n] = i, hp->local[hp->n] = c, hp->n++;
     }
 }
@@ -307,12 +321,12 @@ static void *ws_get(const dev_prob *d)
     return h;
 }
 
-static int run_stage(const prob *p, dev_prob *d, int n_items, int gemm, int bv, int stop)
+static int run_stage(const prob *p, dev_prob *d, int n_items, variant vr, int stop)
 {
     KT_CK(cudaMemset(d->work, 0xFF, d->work_bytes));
     KT_CK(cudaMemset(d->y, 0xFF, (size_t)(p->T > 0 ? p->T : 1) * p->HV * 2));
     kc_kda_chunk_args a;
-    fill_args(&a, p, d, n_items, gemm, bv, stop);
+    fill_args(&a, p, d, n_items, vr, stop);
     const int rc = kc_kda_chunk(&a, 0);
     KT_CK(cudaDeviceSynchronize());
     return rc;
@@ -321,28 +335,33 @@ static int run_stage(const prob *p, dev_prob *d, int n_items, int gemm, int bv, 
 #define WSF(ws, L, buf) ((const float *)((const char *)(ws) + (L).buf))
 
 static void stage_diag(const char *cs, const prob *p, dev_prob *d, const int *row0, const int *ntok, const int *slot,
-                       int n_items, int gemm, int bv, const prep_rec *rec)
+                       int n_items, variant vr, const prep_rec *rec)
 {
     const int H = p->H, K = p->K, V = p->V, HK = p->HK, HV = p->HV;
     const size_t T = p->T;
-    const double tol_mm = gemm == KC_KDA_GEMM_TF32 ? 1e-2 : 1e-3; /* stages with matrix products */
+    const double tol_mm = vr.gemm == KC_KDA_GEMM_TF32 ? 1e-2 : 1e-3; /* stages with matrix products */
     printf("  %s: stage-by-stage (each from the GPU's previous stage, float64 on the host)\n", cs);
     kc_kda_chunk_layout L;
-    kc_kda_chunk_layout_of(p->T, n_items, H, K, V, &L);
+    kc_kda_chunk_layout_of(p->T, n_items, H, K, V, vr.split, &L);
     host_plan *hp = malloc(sizeof *hp);
-    make_plan(hp, p, row0, ntok, slot, n_items);
+    make_plan(hp, p, row0, ntok, slot, n_items, vr.split);
 
     /* stage 1: plan + prep */
-    if (run_stage(p, d, n_items, gemm, bv, 1)) printf("  stage 1 launch failed\n");
+    if (run_stage(p, d, n_items, vr, 1)) printf("  stage 1 launch failed\n");
     void *w1 = ws_get(d);
     {
         const int *nc = (const int *)((char *)w1 + L.plan_nchunks), *st = (const int *)((char *)w1 + L.status);
         const int *ci = (const int *)((char *)w1 + L.chunk_item), *cl = (const int *)((char *)w1 + L.chunk_local);
         const int *c0 = (const int *)((char *)w1 + L.item_chunk0), *nch = (const int *)((char *)w1 + L.item_nchunks);
-        int bad = *nc != hp->n || *st != 0;
+        const int *nsg = (const int *)((char *)w1 + L.item_nseg);
+        int bad = *nc != hp->n || *st != 0, segs = 0;
         for (int c = 0; !bad && c < hp->n; c++) bad = ci[c] != hp->item[c] || cl[c] != hp->local[c];
-        for (int i = 0; !bad && i < n_items; i++) bad = nch[i] != hp->nch[i] || (hp->nch[i] && c0[i] != hp->chunk0[i]);
-        printf("  %-34s %-26s %d chunks (expected %d), status %d: %s\n", cs, "plan", *nc, hp->n, *st, bad ? "FAIL" : "ok");
+        for (int i = 0; !bad && i < n_items; i++) {
+            bad = nch[i] != hp->nch[i] || (hp->nch[i] && c0[i] != hp->chunk0[i]) || (hp->nch[i] && nsg[i] != hp->nseg[i]);
+            segs += hp->nch[i] ? nsg[i] : 0;
+        }
+        printf("  %-34s %-26s %d chunks (expected %d), %d segments, status %d: %s\n", cs, "plan", *nc, hp->n, segs, *st,
+               bad ? "FAIL" : "ok");
         if (bad) g_failed_checks++;
     }
     err_acc eq, ek, ev, eg, eb;
@@ -374,7 +393,7 @@ static void stage_diag(const char *cs, const prob *p, dev_prob *d, const int *ro
     report(cs, "1 prep beta", &eb, 1e-6, H, 1);
 
     /* stage 2: intra, from stage 1's q, k, v, Gam, beta */
-    if (run_stage(p, d, n_items, gemm, bv, 2)) printf("  stage 2 launch failed\n");
+    if (run_stage(p, d, n_items, vr, 2)) printf("  stage 2 launch failed\n");
     void *w2 = ws_get(d);
     err_acc eW, eU, eqg, ekg, eA, eE;
     err_init(&eW), err_init(&eU), err_init(&eqg), err_init(&ekg), err_init(&eA), err_init(&eE);
@@ -436,7 +455,7 @@ static void stage_diag(const char *cs, const prob *p, dev_prob *d, const int *ro
     report(cs, "2 intra exp(Gam_last) [chunk]", &eE, 1e-5, H, K);
 
     /* stage 3: recurrence, from stage 2's W, U, kg, exp(Gam_last) and the initial state */
-    if (run_stage(p, d, n_items, gemm, bv, 3)) printf("  stage 3 launch failed\n");
+    if (run_stage(p, d, n_items, vr, 3)) printf("  stage 3 launch failed\n");
     void *w3 = ws_get(d);
     err_acc eS, eV;
     err_init(&eS), err_init(&eV);
@@ -474,7 +493,7 @@ static void stage_diag(const char *cs, const prob *p, dev_prob *d, const int *ro
     report(cs, "3 recur Vnew", &eV, tol_mm, H, V);
 
     /* stage 4: output, from stage 3's state snapshots and Vnew, stage 2's qg and Aqk */
-    if (run_stage(p, d, n_items, gemm, bv, 4)) printf("  stage 4 launch failed\n");
+    if (run_stage(p, d, n_items, vr, 4)) printf("  stage 4 launch failed\n");
     float *gy = kt_get_bf16(d->y, T * HV);
     err_acc eY;
     err_init(&eY);
@@ -510,11 +529,13 @@ static void stage_diag(const char *cs, const prob *p, dev_prob *d, const int *ro
 /* ---- one case ---- */
 typedef struct {
     const char *name;
-    int H, K, V, taps, gate, gemm, bv;
+    int H, K, V, taps, gate;
+    variant vr;
     int n_items;
     int ntok[MAXI], slot[MAXI]; /* slot < 0: padding item */
     int n_slots;
     int diag;     /* always run the stage-by-stage checks */
+    int small;    /* runs in KDA_CHUNK_TEST_QUICK=2 whatever its length */
     int vs_step;  /* also compare with kc_kda_step on the same inputs */
     int pieces;   /* > 0: item 0 is fed in this many calls (continuation), see piece_len */
     int piece_len[8];
@@ -581,8 +602,8 @@ static int run_case(const kcase *kc)
     for (int i = 0; i < n_items; i++) row0[i] = T, T += kc->ntok[i];
     char cs[96];
     snprintf(cs, sizeof cs, "%s", kc->name);
-    printf("case %s: H=%d K=%d V=%d taps=%d T=%d items=%d gemm=%d bv=%d\n", cs, H, K, V, kc->taps, T, n_items, kc->gemm,
-           kc->bv);
+    printf("case %s: H=%d K=%d V=%d taps=%d T=%d items=%d gemm=%d bv=%d split=%d buffers=%d\n", cs, H, K, V, kc->taps, T,
+           n_items, kc->vr.gemm, kc->vr.bv, kc->vr.split, kc->vr.nbuf);
     prob p;
     prob_init(&p, H, K, V, kc->taps, T, kc->n_slots, kc->gate);
     const int HV = p.HV;
@@ -595,7 +616,7 @@ static int run_case(const kcase *kc)
     reference(&p, row0, kc->ntok, kc->slot, n_items, ref_state, ref_y, &rec);
 
     dev_prob d;
-    dev_init(&d, &p, n_items);
+    dev_init(&d, &p, n_items, kc->vr.split);
     int rc = 0;
     if (kc->pieces) {
         /* item 0 fed in several calls: each continues from the state and tail the previous left */
@@ -604,14 +625,14 @@ static int run_case(const kcase *kc)
             const int r0 = off, nt = kc->piece_len[c], sl = kc->slot[0];
             set_items(&d, &r0, &nt, &sl, 1);
             kc_kda_chunk_args a;
-            fill_args(&a, &p, &d, 1, kc->gemm, kc->bv, 0);
+            fill_args(&a, &p, &d, 1, kc->vr, 0);
             rc = kc_kda_chunk(&a, 0);
             off += nt;
         }
     } else {
         set_items(&d, row0, kc->ntok, kc->slot, n_items);
         kc_kda_chunk_args a;
-        fill_args(&a, &p, &d, n_items, kc->gemm, kc->bv, 0);
+        fill_args(&a, &p, &d, n_items, kc->vr, 0);
         rc = kc_kda_chunk(&a, 0);
     }
     KT_CK(cudaDeviceSynchronize());
@@ -665,7 +686,7 @@ static int run_case(const kcase *kc)
         for (size_t x = 0; x < (size_t)H * K * V; x++) err_add(&e, gs[o + x], ref_state[o + x], (long)x);
         char what[64];
         snprintf(what, sizeof what, "state S slot %d", s);
-        report(cs, what, &e, state_tol(kc->gemm), H, K * V);
+        report(cs, what, &e, state_tol(kc->vr.gemm), H, K * V);
         const size_t tl = (size_t)(p.taps - 1) * p.C;
         const int tail_ok = !memcmp(gs + o + (size_t)H * K * V, ref_state + o + (size_t)H * K * V, tl * 4);
         const int guard_ok = !memcmp(gs + o + p.layer_floats, p.state + o + p.layer_floats, (p.slot_stride - p.layer_floats) * 4);
@@ -687,7 +708,7 @@ static int run_case(const kcase *kc)
     const int failed = g_failed_checks > before;
     if ((kc->diag || failed) && !kc->pieces) {
         KT_CK(cudaMemcpy(d.state, p.state, p.slot_stride * p.n_slots * 4, cudaMemcpyHostToDevice));
-        stage_diag(cs, &p, &d, row0, kc->ntok, kc->slot, n_items, kc->gemm, kc->bv, &rec);
+        stage_diag(cs, &p, &d, row0, kc->ntok, kc->slot, n_items, kc->vr, &rec);
     }
     printf("case %s: %s\n\n", cs, g_failed_checks > before ? "FAILED" : "passed");
     free(ref_state), free(ref_y), free(gy), free(gs);
@@ -705,7 +726,7 @@ static int run_bad_args(void)
     prob p;
     prob_init(&p, 2, 16, 16, 4, 80, 3, GATE_NORMAL);
     dev_prob d;
-    dev_init(&d, &p, 2);
+    dev_init(&d, &p, 2, 0);
     const int r0[2] = {0, 40}, nt[2] = {40, 50}, sl[2] = {0, 1}; /* item 1 runs past T = 80 */
     set_items(&d, r0, nt, sl, 2);
     kc_kda_chunk_args a;
@@ -715,7 +736,7 @@ static int run_bad_args(void)
     } t[5] = {{"K = 48 unsupported", -5}, {"workspace too small", -1}, {"misaligned workspace", -1},
               {"ldy too small", -1}, {"V = 2K at K = 128", -5}};
     for (int i = 0; i < 5; i++) {
-        fill_args(&a, &p, &d, 2, 0, 0, 0);
+        fill_args(&a, &p, &d, 2, (variant){0, 0, 0, 0}, 0);
         if (i == 0) a.K = 48;
         if (i == 1) a.work_bytes -= 256;
         if (i == 2) a.work = (char *)a.work + 16, a.work_bytes -= 16;
@@ -733,11 +754,11 @@ static int run_bad_args(void)
     printf("  %-34s %-26s %ld y values written: %s\n", "bad-args", "after the refused calls", touched, touched ? "FAIL" : "ok");
     if (touched) g_failed_checks++;
     /* the valid call: item 1 is out of range */
-    fill_args(&a, &p, &d, 2, 0, 0, 0);
+    fill_args(&a, &p, &d, 2, (variant){0, 0, 0, 0}, 0);
     int rc = kc_kda_chunk(&a, 0);
     KT_CK(cudaDeviceSynchronize());
     kc_kda_chunk_layout L;
-    kc_kda_chunk_layout_of(p.T, 2, p.H, p.K, p.V, &L);
+    kc_kda_chunk_layout_of(p.T, 2, p.H, p.K, p.V, 0, &L);
     int status = -1;
     KT_CK(cudaMemcpy(&status, (char *)d.work + L.status, 4, cudaMemcpyDeviceToHost));
     float *gs = malloc(p.slot_stride * p.n_slots * 4);
@@ -829,28 +850,30 @@ static int run_bench(void)
     }
     printf("bench kc_kda_chunk: %s, %d SMs, H=%d K=%d V=%d taps=%d; device copy %.0f GB/s (read+write)\n", prop.name,
            prop.multiProcessorCount, H, K, V, taps, copy_gbs);
-    printf("%-10s %-16s %9s %12s %9s %9s %9s   stages ms: prep intra recur out+tail\n", "case", "variant", "ms",
+    printf("%-10s %-20s %9s %12s %9s %9s %9s   stages ms: prep intra recur out+tail\n", "case", "variant", "ms",
            "tokens/s", "TFLOP/s", "GB/s", "%copy");
     for (int s = 0; s < 4; s++) {
         const int B = shapes[s][0], L = shapes[s][1], T = B * L;
         prob p;
         prob_init(&p, H, K, V, taps, T, B, GATE_NORMAL);
         dev_prob d;
-        dev_init(&d, &p, B);
+        dev_init(&d, &p, B, 2); /* with the split's buffers */
         int r0[MAXI], nt[MAXI], sl[MAXI];
         for (int i = 0; i < B; i++) r0[i] = i * L, nt[i] = L, sl[i] = i;
         set_items(&d, r0, nt, sl, B);
         const struct {
             const char *name;
-            int gemm, bv;
-        } var[6] = {{"tf32 bv=auto", 0, 0}, {"tf32 bv=16", 0, 16}, {"tf32 bv=32", 0, 32}, {"tf32 bv=64", 0, 64},
-                    {"3xtf32 bv=auto", 1, 0}, {"simt bv=auto", 2, 0}};
-        for (int v = 0; v < 6; v++) {
-            if (var[v].gemm == 2 && T > 2048) continue; /* the reference path: one point is enough */
+            variant vr;
+        } var[] = {{"tf32 (defaults)", {0, 0, 0, 0}}, {"tf32 bv=16", {0, 16, 0, 0}}, {"tf32 bv=32", {0, 32, 0, 0}},
+                   {"tf32 bv=64", {0, 64, 0, 0}},   {"tf32 buffers=1", {0, 0, 0, 1}}, {"tf32 buf=1 bv=32", {0, 32, 0, 1}},
+                   {"tf32 split=2", {0, 0, 2, 0}},  {"tf32 split=4", {0, 0, 4, 0}}, {"tf32 split=8", {0, 0, 8, 0}},
+                   {"tf32 split=4 buf=1", {0, 0, 4, 1}}, {"3xtf32", {1, 0, 0, 0}}, {"simt", {2, 0, 0, 0}}};
+        for (int v = 0; v < (int)(sizeof var / sizeof var[0]); v++) {
+            if (var[v].vr.gemm == 2 && T > 2048) continue; /* the reference path: one point is enough */
             kc_kda_chunk_args a;
-            fill_args(&a, &p, &d, B, var[v].gemm, var[v].bv, 0);
+            fill_args(&a, &p, &d, B, var[v].vr, 0);
             if (kc_kda_chunk(&a, 0)) {
-                printf("%dx%-8d %-16s launch refused\n", B, L, var[v].name);
+                printf("%dx%-8d %-20s launch refused\n", B, L, var[v].name);
                 continue;
             }
             const float ms = time_chunk(&a, reps);
@@ -862,7 +885,7 @@ static int run_bench(void)
             a.debug_stop_after = 0;
             const cudaError_t e = cudaDeviceSynchronize();
             const double fl = counted_flop(T, B, H, K, V), by = floor_bytes(T, B, H, K, V);
-            printf("%dx%-8d %-16s %9.3f %12.0f %9.1f %9.0f %8.1f%%   %.3f %.3f %.3f %.3f%s%s\n", B, L, var[v].name, ms,
+            printf("%dx%-8d %-20s %9.3f %12.0f %9.1f %9.0f %8.1f%%   %.3f %.3f %.3f %.3f%s%s\n", B, L, var[v].name, ms,
                    T / (ms * 1e-3), fl / (ms * 1e-3) / 1e12, by / (ms * 1e-3) / 1e9, 100.0 * by / (ms * 1e-3) / 1e9 / copy_gbs,
                    st[0], st[1] - st[0], st[2] - st[1], st[4] - st[2], e ? " CUDA ERROR: " : "",
                    e ? cudaGetErrorString(e) : "");
@@ -879,7 +902,7 @@ static int run_bench(void)
         prob p;
         prob_init(&p, H, K, V, taps, T, B, GATE_FACTORED);
         dev_prob d;
-        dev_init(&d, &p, B);
+        dev_init(&d, &p, B, 0);
         const int r0 = 0, nt = L, sl = 0;
         set_items(&d, &r0, &nt, &sl, 1);
         uint16_t *w = kt_dev(NULL, (size_t)p.R * (p.HK + p.HV) * 2);
@@ -901,7 +924,7 @@ static int run_bench(void)
         cudaEventSynchronize(e1);
         float ms;
         cudaEventElapsedTime(&ms, e0, e1);
-        printf("%dx%-8d %-16s %9.3f %12.0f   (kc_kda_step, per token)\n", B, L, "per-token", ms, T / (ms * 1e-3));
+        printf("%dx%-8d %-20s %9.3f %12.0f   (kc_kda_step, per token)\n", B, L, "per-token", ms, T / (ms * 1e-3));
         cudaEventDestroy(e0), cudaEventDestroy(e1);
         cudaFree(w);
         dev_free(&d);
@@ -920,7 +943,7 @@ static int run_bench(void)
 static void add_single(kcase *c, const char *name, int H, int K, int taps, int T, int gate, int gemm)
 {
     memset(c, 0, sizeof *c);
-    c->name = name, c->H = H, c->K = K, c->V = K, c->taps = taps, c->gate = gate, c->gemm = gemm;
+    c->name = name, c->H = H, c->K = K, c->V = K, c->taps = taps, c->gate = gate, c->vr.gemm = gemm;
     c->n_items = 1, c->ntok[0] = T, c->slot[0] = 1, c->n_slots = 3;
 }
 
@@ -1015,10 +1038,10 @@ int main(int argc, char **argv)
     {
         kcase *c = &cs[n];
         cs[n] = cs[varlen64];
-        c->name = "varlen K=64 3xtf32", c->gemm = KC_KDA_GEMM_3XTF32, c->diag = 0, n++;
+        c->name = "varlen K=64 3xtf32", c->vr.gemm = KC_KDA_GEMM_3XTF32, c->diag = 0, n++;
         c = &cs[n];
         cs[n] = cs[varlen64];
-        c->name = "varlen K=64 simt diag", c->gemm = KC_KDA_GEMM_SIMT, c->diag = 1, n++;
+        c->name = "varlen K=64 simt diag", c->vr.gemm = KC_KDA_GEMM_SIMT, c->diag = 1, n++;
         c = &cs[n];
         add_single(c, "single K=128 T=1000 3xtf32", 2, 128, 4, 1000, GATE_NORMAL, KC_KDA_GEMM_3XTF32), n++;
         c = &cs[n];
@@ -1026,10 +1049,39 @@ int main(int argc, char **argv)
         for (int bv = 16; bv <= 64; bv *= 2) {
             c = &cs[n];
             snprintf(names[n], sizeof names[n], "single K=128 T=700 bv=%d", bv);
-            add_single(c, names[n], 2, 128, 4, 700, GATE_NORMAL, 0), c->bv = bv, n++;
+            add_single(c, names[n], 2, 128, 4, 700, GATE_NORMAL, 0), c->vr.bv = bv, n++;
         }
         c = &cs[n];
-        add_single(c, "single K=64 T=333 3xtf32 bv=16", 2, 64, 4, 333, GATE_NORMAL, KC_KDA_GEMM_3XTF32), c->bv = 16, n++;
+        add_single(c, "single K=64 T=333 3xtf32 bv=16", 2, 64, 4, 333, GATE_NORMAL, KC_KDA_GEMM_3XTF32), c->vr.bv = 16, n++;
+        c = &cs[n];
+        add_single(c, "buffers=1 K=128 T=1000", 2, 128, 4, 1000, GATE_NORMAL, 0), c->vr.nbuf = 1, n++;
+        c = &cs[n];
+        add_single(c, "buffers=1 K=16 T=150", 2, 16, 4, 150, GATE_NORMAL, 0), c->vr.nbuf = 1, n++;
+    }
+    /* the sequence split: segments of >= 4 chunks, mixed with unsplit items */
+    {
+        kcase *c = &cs[n];
+        add_single(c, "split=2 K=16 T=520", 2, 16, 4, 520, GATE_NORMAL, 0), c->vr.split = 2, c->small = 1, n++;
+        c = &cs[n];
+        add_single(c, "split=4 K=128 T=2000 diag", 2, 128, 4, 2000, GATE_NORMAL, 0), c->vr.split = 4, c->diag = 1, n++;
+        c = &cs[n];
+        cs[n] = cs[varlen64];
+        c->name = "split=3 varlen K=64", c->vr.split = 3, c->diag = 0, n++;
+        c = &cs[n];
+        add_single(c, "split=8 K=16 T=8192", 3, 16, 4, 8192, GATE_NORMAL, 0), c->vr.split = 8, n++;
+        c = &cs[n];
+        add_single(c, "split=4 3xtf32 K=64 T=1500", 2, 64, 4, 1500, GATE_NORMAL, KC_KDA_GEMM_3XTF32), c->vr.split = 4, n++;
+        c = &cs[n];
+        add_single(c, "split=16 strong decay K=128 T=4100", 2, 128, 4, 4100, GATE_STRONG, 0), c->vr.split = 16, n++;
+        c = &cs[n];
+        add_single(c, "split=4 bv=64 K=128 T=1000", 2, 128, 4, 1000, GATE_NORMAL, 0), c->vr.split = 4, c->vr.bv = 64, n++;
+        c = &cs[n];
+        add_single(c, "split=2 V=2K K=32 T=600", 2, 32, 4, 600, GATE_NORMAL, 0), c->V = 64, c->vr.split = 2, n++;
+        c = &cs[n];
+        add_single(c, "split=4 buffers=1 K=64 T=1100", 2, 64, 4, 1100, GATE_NORMAL, 0), c->vr.split = 4, c->vr.nbuf = 1, n++;
+        c = &cs[n];
+        add_single(c, "split=4 continue K=64 700+600+5", 2, 64, 4, 1305, GATE_NORMAL, 0), c->vr.split = 4;
+        c->pieces = 3, c->piece_len[0] = 700, c->piece_len[1] = 600, c->piece_len[2] = 5, n++;
     }
 
     const char *only = getenv("KDA_CHUNK_TEST_ONLY");
@@ -1037,7 +1089,7 @@ int main(int argc, char **argv)
     for (int i = 0; i < n; i++) {
         int T = 0;
         for (int j = 0; j < cs[i].n_items; j++) T += cs[i].ntok[j];
-        if ((g_quick == 1 && T > 2100) || (g_quick >= 2 && T > 200)) continue;
+        if ((g_quick == 1 && T > 2100) || (g_quick >= 2 && T > 200 && !cs[i].small)) continue;
         if (only && !strstr(cs[i].name, only)) continue;
         kt_rng = 0x12345678abcdefull + 7919ull * (uint64_t)i;
         failed += run_case(&cs[i]);
