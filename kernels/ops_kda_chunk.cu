@@ -262,6 +262,13 @@ template <int N> static __device__ __forceinline__ void cp_async_wait()
 #define KC_DYNAMIC_SMEM(name) extern __shared__ __align__(128) float name[]
 #endif
 
+static __device__ __forceinline__ int log2i(int x) /* x a power of two */
+{
+    int r = 0;
+    while ((1 << r) < x) r++;
+    return r;
+}
+
 /* The chunk a block of the per-chunk stages works on (block-uniform). */
 struct ChunkPos {
     int item, chunk, n, row0; /* rows row0 .. row0 + n - 1, n in 1..64 */
@@ -755,6 +762,8 @@ __global__ void __launch_bounds__(KC_THREADS) kc_chunk_recur_kernel(kc_kda_chunk
     float *S_s = sm, *Vn_s = S_s + K * LDV, *buf0 = Vn_s + KC_CH * LDV;
     const int bufsz = 2 * KC_CH * LDK + KC_CH * LDV + K;
     const bool has_u = jb.vcol >= 0;
+    /* BV, K / 4 and BV / 4 are powers of two: shifts instead of divisions in the per-chunk loops */
+    const int bsh = log2i(BV), ksh = log2i(K / 4), vsh = log2i(BV / 4);
 
     auto issue = [&](int ci, int b) {
         float *Wb = buf0 + b * bufsz, *kgb = Wb + KC_CH * LDK, *Ub = kgb + KC_CH * LDK, *egb = Ub + KC_CH * LDV;
@@ -763,13 +772,13 @@ __global__ void __launch_bounds__(KC_THREADS) kc_chunk_recur_kernel(kc_kda_chunk
         const float *Ug = w.v + ((size_t)h * T + row0) * V + (has_u ? jb.vcol : 0);
         const int k4 = K / 4, v4 = BV / 4;
         for (int e = tid; e < KC_CH * k4; e += KC_THREADS) {
-            const int r = e / k4, q = e % k4;
+            const int r = e >> ksh, q = e & (k4 - 1);
             const bool ok = r < n;
             cp_async16(Wb + r * LDK + 4 * q, Wg + (size_t)(ok ? r : 0) * K + 4 * q, ok);
             cp_async16(kgb + r * LDK + 4 * q, kgg + (size_t)(ok ? r : 0) * K + 4 * q, ok);
         }
         for (int e = tid; e < KC_CH * v4; e += KC_THREADS) { /* identity columns: U = 0 */
-            const int r = e / v4, q = e % v4;
+            const int r = e >> vsh, q = e & (v4 - 1);
             const bool ok = has_u && r < n;
             cp_async16(Ub + r * LDV + 4 * q, Ug + (size_t)(ok ? r : 0) * V + 4 * q, ok);
         }
@@ -779,7 +788,7 @@ __global__ void __launch_bounds__(KC_THREADS) kc_chunk_recur_kernel(kc_kda_chunk
     float *Sg = a.state + (size_t)a.item_slot[item] * a.slot_stride + (size_t)h * K * V + (has_u ? jb.vcol : 0);
     const float *Xs = w.sstart + ((size_t)jb.seg * H + h) * K * V + (has_u ? jb.vcol : 0);
     for (int e = tid; e < K * BV; e += KC_THREADS) {
-        const int d = e / BV, c = e % BV;
+        const int d = e >> bsh, c = e & (BV - 1);
         float x = 0.0f;
         if (jb.start == RJ_SLOT) x = Sg[(size_t)d * V + c];
         else if (jb.start == RJ_SSTART) x = Xs[(size_t)d * V + c];
@@ -805,7 +814,7 @@ __global__ void __launch_bounds__(KC_THREADS) kc_chunk_recur_kernel(kc_kda_chunk
         const int n = min(KC_CH, nt - KC_CH * ci), row0 = irow0 + KC_CH * ci;
         if (jb.out) { /* the state at the chunk's start, for the output stage */
             float *scg = w.sc + ((size_t)(gc0 + ci) * H + h) * K * V + jb.vcol;
-            for (int e = tid; e < K * BV; e += KC_THREADS) scg[(size_t)(e / BV) * V + e % BV] = S_s[(e / BV) * LDV + e % BV];
+            for (int e = tid; e < K * BV; e += KC_THREADS) scg[(size_t)(e >> bsh) * V + (e & (BV - 1))] = S_s[(e >> bsh) * LDV + (e & (BV - 1))];
         }
         /* Vnew = U - W X */
         for (int t = warp; t < 4 * nvt; t += KC_THREADS / 32) {
@@ -818,7 +827,7 @@ __global__ void __launch_bounds__(KC_THREADS) kc_chunk_recur_kernel(kc_kda_chunk
         __syncthreads(); /* Vnew complete; X no longer read */
         if (jb.out) { /* in place of U (already in shared memory) */
             float *vng = w.v + ((size_t)h * T + row0) * V + jb.vcol;
-            for (int e = tid; e < n * BV; e += KC_THREADS) vng[(size_t)(e / BV) * V + e % BV] = Vn_s[(e / BV) * LDV + e % BV];
+            for (int e = tid; e < n * BV; e += KC_THREADS) vng[(size_t)(e >> bsh) * V + (e & (BV - 1))] = Vn_s[(e >> bsh) * LDV + (e & (BV - 1))];
         }
         /* X = diag(exp(Gam_last)) X + kg^T Vnew; each warp scales its own tiles */
         for (int t = warp; t < (K / 16) * nvt; t += KC_THREADS / 32) {
@@ -835,10 +844,10 @@ __global__ void __launch_bounds__(KC_THREADS) kc_chunk_recur_kernel(kc_kda_chunk
     }
     cp_async_wait<0>();
     if (jb.end == RJ_END_SLOT)
-        for (int e = tid; e < K * BV; e += KC_THREADS) Sg[(size_t)(e / BV) * V + e % BV] = S_s[(e / BV) * LDV + e % BV];
+        for (int e = tid; e < K * BV; e += KC_THREADS) Sg[(size_t)(e >> bsh) * V + (e & (BV - 1))] = S_s[(e >> bsh) * LDV + (e & (BV - 1))];
     else if (jb.end == RJ_END_SEGX) {
         float *xg = w.segx + ((size_t)jb.seg * H + h) * K * XW + jb.xcol;
-        for (int e = tid; e < K * BV; e += KC_THREADS) xg[(size_t)(e / BV) * XW + e % BV] = S_s[(e / BV) * LDV + e % BV];
+        for (int e = tid; e < K * BV; e += KC_THREADS) xg[(size_t)(e >> bsh) * XW + (e & (BV - 1))] = S_s[(e >> bsh) * LDV + (e & (BV - 1))];
     }
 }
 
