@@ -22,7 +22,8 @@
  * do not stop the run; the exit status is 1 if any failed, 77 without a GPU.
  *
  *   test_kda_chunk            all cases
- *   test_kda_chunk --bench    timings at H=16, K=V=128 (see bench/NOTES.md)
+ *   test_kda_chunk --bench    timings at H=16, K=V=128 (see bench/NOTES.md;
+ *                             KDA_CHUNK_BENCH_SMALL=1: tiny shapes, a dry run)
  * KDA_CHUNK_TEST_QUICK=1 drops the largest cases, =2 keeps only small ones
  * (for compute-sanitizer); KDA_CHUNK_TEST_ONLY=text runs the cases whose name
  * contains text. KDA_PDL=0 turns programmatic dependent launch off.
@@ -798,6 +799,17 @@ static double floor_bytes(int T, int n_items, int H, int K, int V)
     return (double)T * ((2 * HK + HV + H) * 4 + (HK + HV) * 4 + HV * 2) + (double)n_items * 2 * HK * V * 4;
 }
 
+/* the bytes each stage moves through its fp32 workspace buffers (first touches
+ * only; re-reads that hit L2 are not counted), per bench/NOTES.md */
+static void stage_bytes(double *b, int T, int n_items, int H, int K, int V)
+{
+    const double HK = (double)H * K, HV = (double)H * V, t = T, sc = (double)H * K * V * 4 / 64;
+    b[0] = t * ((2 * HK + HV + H) * 4 + HK * 4 + (3 * HK + HV + H) * 4);       /* prep */
+    b[1] = t * ((3 * HK + HV + H) * 4 + (3 * HK + HV) * 4 + H * 64 * 4);       /* intra */
+    b[2] = t * ((2 * HK + HV) * 4 + HV * 4 + sc) + (double)n_items * 2 * HK * V * 4; /* recur */
+    b[3] = t * (HK * 4 + sc + H * 64 * 4 + HV * 4 + HV * 4 + HV * 2);           /* out */
+}
+
 static int cmp_float(const void *x, const void *y)
 {
     const float a = *(const float *)x, b = *(const float *)y;
@@ -809,7 +821,7 @@ static float time_chunk(kc_kda_chunk_args *a, int reps)
     cudaEvent_t e0, e1;
     cudaEventCreate(&e0), cudaEventCreate(&e1);
     float ms[64];
-    for (int i = 0; i < 2; i++) kc_kda_chunk(a, 0);
+    for (int i = 0; i < (reps > 1 ? 2 : 0); i++) kc_kda_chunk(a, 0);
     for (int r = 0; r < reps; r++) {
         cudaEventRecord(e0, 0);
         kc_kda_chunk(a, 0);
@@ -824,8 +836,11 @@ static float time_chunk(kc_kda_chunk_args *a, int reps)
 
 static int run_bench(void)
 {
-    const int H = 16, K = 128, V = 128, taps = 4, reps = 15;
-    const int shapes[4][2] = {{1, 2048}, {8, 2048}, {1, 8192}, {4, 8192}};
+    /* KDA_CHUNK_BENCH_SMALL=1: tiny shapes, to dry-run this code (e.g. in the emulator) */
+    const int small = getenv("KDA_CHUNK_BENCH_SMALL") != NULL;
+    const int H = small ? 2 : 16, K = 128, V = 128, taps = 4, reps = small ? 1 : 15;
+    const int shapes[4][2] = {{1, small ? 256 : 2048}, {small ? 2 : 8, small ? 64 : 2048}, {1, small ? 320 : 8192},
+                              {small ? 2 : 4, small ? 128 : 8192}};
     int dev = 0;
     struct cudaDeviceProp prop;
     KT_CK(cudaGetDevice(&dev));
@@ -872,7 +887,7 @@ static int run_bench(void)
                    {"tf32 split=2", {0, 0, 2, 0}},  {"tf32 split=4", {0, 0, 4, 0}}, {"tf32 split=8", {0, 0, 8, 0}},
                    {"tf32 split=4 buf=1", {0, 0, 4, 1}}, {"3xtf32", {1, 0, 0, 0}}, {"simt", {2, 0, 0, 0}}};
         for (int v = 0; v < (int)(sizeof var / sizeof var[0]); v++) {
-            if (var[v].vr.gemm == 2 && T > 2048) continue; /* the reference path: one point is enough */
+            if (var[v].vr.gemm == 2 && s > 0) continue; /* the reference path: one point is enough */
             kc_kda_chunk_args a;
             fill_args(&a, &p, &d, B, var[v].vr, 0);
             if (kc_kda_chunk(&a, 0)) {
@@ -892,6 +907,11 @@ static int run_bench(void)
                    T / (ms * 1e-3), fl / (ms * 1e-3) / 1e12, by / (ms * 1e-3) / 1e9, 100.0 * by / (ms * 1e-3) / 1e9 / copy_gbs,
                    st[0], st[1] - st[0], st[2] - st[1], st[4] - st[2], e ? " CUDA ERROR: " : "",
                    e ? cudaGetErrorString(e) : "");
+            double sb[4];
+            stage_bytes(sb, T, B, H, K, V);
+            const float sms[4] = {st[0], st[1] - st[0], st[2] - st[1], st[4] - st[2]};
+            printf("%-31s stage GB/s (workspace traffic / stage ms): prep %.0f intra %.0f recur %.0f out %.0f\n", "",
+                   sb[0] / (sms[0] * 1e6), sb[1] / (sms[1] * 1e6), sb[2] / (sms[2] * 1e6), sb[3] / (sms[3] * 1e6));
         }
         printf("%dx%-8d counted work: %.2f GFLOP, floor bytes %.1f MB, workspace %.1f MB\n", B, L,
                counted_flop(T, B, H, K, V) / 1e9, floor_bytes(T, B, H, K, V) / 1e6, d.work_bytes / 1e6);
@@ -901,7 +921,7 @@ static int run_bench(void)
 #ifndef KC_EMU
     /* the per-token kernel on the same shape, for scale (its time includes its low-rank kernel) */
     {
-        const int B = 1, L = 2048, T = B * L;
+        const int B = 1, L = shapes[0][1], T = B * L;
         prob p;
         prob_init(&p, H, K, V, taps, T, B, GATE_FACTORED);
         dev_prob d;
