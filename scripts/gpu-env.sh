@@ -9,6 +9,11 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT=${OUT:-/tmp/kda-out}
 LOG=/tmp/kda-logs
 rm -rf "$LOG"; mkdir -p "$OUT" "$LOG"
+# a packed carry (gpu-prepare.sh's .carry.txz) is unpacked when .carry itself did not travel
+if [ ! -d .carry/build ] && [ -f .carry.txz ]; then
+  xz -dc .carry.txz | tar xf - 2>/dev/null \
+    || python3 -c 'import tarfile; tarfile.open(".carry.txz", "r:xz").extractall(".")'
+fi
 B=.carry/build
 M17=/tmp/kda-1.7b
 export KDA_LIB_PATH=$PWD/.carry/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}

@@ -58,13 +58,13 @@ cp "$LOG/kda_chunk_bench.txt" "$OUT/"
 # into the instrumentation)
 step memcheck 180 "$LOG/kda_chunk_memcheck.txt" env KDA_CHUNK_TEST_QUICK=1 \
   compute-sanitizer --tool memcheck --leak-check no --error-exitcode 3 "$T"
-tail -4 "$LOG/kda_chunk_memcheck.txt"
+tail -4 "$LOG/kda_chunk_memcheck.txt" 2>/dev/null
 step racecheck 150 "$LOG/kda_chunk_racecheck.txt" env KDA_CHUNK_TEST_QUICK=2 \
   compute-sanitizer --tool racecheck --racecheck-report hazard --error-exitcode 3 "$T"
-tail -4 "$LOG/kda_chunk_racecheck.txt"
+tail -4 "$LOG/kda_chunk_racecheck.txt" 2>/dev/null
 step synccheck 90 "$LOG/kda_chunk_synccheck.txt" env KDA_CHUNK_TEST_QUICK=2 \
   compute-sanitizer --tool synccheck --error-exitcode 3 "$T"
-tail -4 "$LOG/kda_chunk_synccheck.txt"
+tail -4 "$LOG/kda_chunk_synccheck.txt" 2>/dev/null
 cp "$S" "$LOG/"
 tar czf "$OUT/kda_chunk_logs.tgz" -C /tmp kda-logs
 exit $rc

@@ -6,9 +6,11 @@
 #   .carry/lib/   libcjson, libsentencepiece, libmicrohttpd, libgomp (absent there)
 #   .carry/baseline_torch_fla.py   the PyTorch + fla baseline (../shared does not travel)
 #   .whl/         flash-linear-attention + fla-core wheels (pure Python)
-# The whole build tree would not fit the 64 MiB a call may carry; these do (~50 MiB
+# The whole build tree would not fit the 64 MiB a call may carry; these do (~63 MiB
 # with the working tree). Then: device run with carry [".carry", ".whl"] and the command
 #   bash scripts/gpu-session.sh
+# .carry.txz is the same packed (~8 MB): carry [".carry.txz", ".whl"] instead when the
+# working tree has grown; scripts/gpu-env.sh unpacks it on the GPU machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SHARED=${KDA_SHARED:-../shared}
@@ -38,6 +40,7 @@ if ! ls .whl/flash_linear_attention-0.5.2-*.whl .whl/fla_core-0.5.2-*.whl >/dev/
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux2014_x86_64 --platform any -d .whl flash-linear-attention==0.5.2 fla-core==0.5.2
 fi
-grep -qx '/.carry/' .gitignore && grep -qx '/.whl/' .gitignore
-du -sh .carry .whl
+tar cf - .carry | xz -6 > .carry.txz
+grep -qx '/.carry/' .gitignore && grep -qx '/.whl/' .gitignore && grep -qx '/.carry.txz' .gitignore
+du -sh .carry .carry.txz .whl
 echo "gpu-prepare: ok (carry .carry .whl; run scripts/gpu-session.sh)"
