@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
 # Run ON THE GPU MACHINE from the repo root, after scripts/gpu-prepare.sh here (it
-# builds the release CUDA tree and carries the binaries under .carry/build, this
-# test as test_kda_chunk.xz): the
-# chunked KDA forward's test against the CPU reference and kc_kda_step, its
-# benchmark, and compute-sanitizer (memcheck, racecheck, synccheck) on the test,
-# in one call. Device command (carry [".carry"]):
+# builds the release CUDA tree and packs the binaries into .carry/ and .carry.txz;
+# this test travels as test_kda_chunk.xz). In one call: the chunked KDA forward's
+# test against the CPU reference and kc_kda_step, its benchmark, and
+# compute-sanitizer (memcheck, racecheck, synccheck) on the test.
+# Device command (carry [".carry.txz"], or [".carry"]):
 #   bash scripts/gpu-kda-chunk.sh
 # Writes to $OUT: kda_chunk_summary.txt (one line per step with its exit status),
 # kda_chunk_test.txt (the test's full output: per case, per check, rel error,
 # tolerance, worst position; a failed case is followed by its stage-by-stage
 # diagnosis), kda_chunk_bench.txt (ms, tokens/s, TFLOP/s, GB/s per shape and
-# variant, per-stage ms), kda_chunk_logs.tgz (those plus the sanitizer logs).
-# About 5-9 minutes (capped at KDA_CHUNK_GPU_BUDGET=540 s); KDA_CHUNK_GPU_SKIP="bench racecheck ..."
-# skips steps.
+# variant, per-stage ms and GB/s), kda_chunk_logs.tgz (those plus the sanitizer logs).
+# About 5-9 minutes (capped at KDA_CHUNK_GPU_BUDGET=540 s); KDA_CHUNK_GPU_SKIP="bench
+# racecheck ..." skips steps.
 source "$(dirname "$0")/gpu-env.sh"
 S=$OUT/kda_chunk_summary.txt
 # gpu-prepare.sh carries the test xz-compressed (lzma from Python where xz is missing)
