@@ -55,12 +55,20 @@ typedef struct {
     /* variants; 0 selects the default of each */
     int gemm;              /* KC_KDA_GEMM_* */
     int bv;                /* value columns per recurrence block: 0 = auto, 16, 32 or 64 */
+    int recur_buffers;     /* recurrence: 2 (0 = default) = next chunk's loads in flight, 1 = half the
+                            * shared memory, two blocks per SM */
+    int seq_split;         /* > 1: an item of nc chunks runs as min(seq_split, nc / 4) segments
+                            * (<= 16) in parallel: each segment's transition S -> M S + B, a scan
+                            * over the segments, then each segment again from its true start.
+                            * Needs kc_kda_chunk_workspace_split() bytes. 0 or 1: off */
     int debug_stop_after;  /* tests: 1..4 runs stages 1..n only (plan+prep, intra, recurrence, output)
                             * and leaves state, tail and (n < 4) y untouched; 0 = everything */
 } kc_kda_chunk_args;
 
 /* Bytes of workspace for any call with <= T rows and <= n_items items. */
 size_t kc_kda_chunk_workspace(int T, int n_items, int H, int K, int V);
+/* The same with the buffers of the sequence split (seq_split > 1). */
+size_t kc_kda_chunk_workspace_split(int T, int n_items, int H, int K, int V, int seq_split);
 /* 1 if the kernels handle this shape: K in {16, 32, 64, 128}, V = K or
  * V = 2K (K <= 64), 1 <= taps <= 4, H >= 1. */
 int kc_kda_chunk_supported(int H, int K, int V, int taps);
@@ -90,14 +98,18 @@ int kc_kda_chunk(const kc_kda_chunk_args *a, cudaStream_t s);
  * Chunk c of the call's chunk table (plan: int32) is chunk chunk_local[c] of
  * item chunk_item[c] (rows row0 + 64 chunk_local ..); item i's chunks are
  * item_chunk0[i] .. + item_nchunks[i] - 1; n_chunks at plan_nchunks. Here
- * A = (I + L)^-1 with L[r][s] = beta_r sum_d k_r k_s exp(Gam_r - Gam_s), s < r. */
+ * A = (I + L)^-1 with L[r][s] = beta_r sum_d k_r k_s exp(Gam_r - Gam_s), s < r.
+ * Sequence split: item i has item_nseg[i] segments, buffers item_seg0[i]..;
+ * segx holds each segment's [M | B] (segment 0: its end state in the B part),
+ * sstart each segment's true start state. */
 typedef struct {
-    size_t plan_nchunks, status, item_chunk0, item_nchunks, chunk_item, chunk_local; /* int32 */
-    size_t q, k, v, g, beta, aqk, egl, sc;                                            /* fp32 */
-    int max_chunks;
+    size_t plan_nchunks, status, item_chunk0, item_nchunks, item_nseg, item_seg0, chunk_item, chunk_local; /* int32 */
+    size_t q, k, v, g, beta, aqk, egl, sc;  /* fp32 */
+    size_t segx, sstart;                    /* fp32, seq_split > 1 only: [max_segs][H][K][K+V], [max_segs][H][K][V] */
+    int max_chunks, max_segs;
     size_t bytes;
 } kc_kda_chunk_layout;
-void kc_kda_chunk_layout_of(int T, int n_items, int H, int K, int V, kc_kda_chunk_layout *out);
+void kc_kda_chunk_layout_of(int T, int n_items, int H, int K, int V, int seq_split, kc_kda_chunk_layout *out);
 
 #ifdef __cplusplus
 }

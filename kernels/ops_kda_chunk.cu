@@ -1,0 +1,1145 @@
+/*
+ * ops_kda_chunk.cu - the chunked KDA forward (MODEL_SPEC 3, "Chunked form"):
+ * the function kc_kda_step computes token by token, 64 tokens at a time.
+ *
+ * Stages (one launch each, in stream order; kda_chunk.h has the buffers):
+ *   plan   one block: the chunk table (item, chunk-in-item) of every 64-row
+ *          chunk of every live item; items are packed without padding, so a
+ *          chunk's rows are row0 + 64 c .. of its own item only.
+ *   prep   block per (chunk, head, q|k|v): short conv + SiLU (the first
+ *          taps-1 positions of an item read the slot's conv tail), L2 norms,
+ *          q scale, gate gk = -exp(A_log) softplus(graw + dt_bias) and its
+ *          cumulative sum Gam within the chunk, beta = sigmoid.
+ *   intra  block per (chunk, head): L and the masked q.k matrix, A = (I+L)^-1
+ *          by blockwise forward substitution, W = A beta k exp(Gam),
+ *          U = A beta v, qg = q exp(Gam), kg = k exp(Gam_last - Gam).
+ *   recur  block per (item, head, BV value columns): walks the item's chunks
+ *          in order with its K x BV slice of the state in shared memory:
+ *          Vnew = U - W S, S = exp(Gam_last) S + kg^T Vnew; stores the state
+ *          at each chunk's start and Vnew, the final state to the slot.
+ *          Value columns of the state are independent, so the BV split
+ *          multiplies the parallelism of one long prompt by V / BV.
+ *   out    block per (chunk, head): O = qg S_c + Aqk Vnew, then the gated
+ *          output RMSNorm, bf16 out.
+ *   tail   block per item: the new conv tail (after prep, which read the old).
+ * Sequence split (seq_split > 1), for long items when heads x V / BV blocks
+ * leave SMs idle: an item's chunks form segments; one launch runs segment 0
+ * from the slot's state and, for every other segment, its transition
+ * S_end = M S_start + B by the same recurrence on [I | 0] (K + V columns,
+ * U = 0 for the identity's); a combine kernel scans the segments
+ * (start(s) = M_{s-1} start(s-1) + B_{s-1}) and writes the final state; a
+ * third launch reruns segments >= 1 from their true starts for the output
+ * stage's S_c and Vnew. The transitions cost K/V times the state's work again.
+ *
+ * Numerics. Only non-positive numbers are exponentiated. Within a chunk the
+ * 64 x 64 triangular matrices are built from 16 x 16 sub-blocks: diagonal
+ * sub-blocks elementwise (exp(Gam_r - Gam_s), s <= r); the sub-blocks below
+ * diagonal block j as one product of two factors around the reference row
+ * ref = 16 j + 15 (the last row of block j): k_r exp(Gam_r - Gam_ref) for the
+ * rows r > ref and k_s exp(Gam_ref - Gam_s) for s in block j, both
+ * exponents <= 0 (Gam is non-increasing, exactly so in fp32 rounding).
+ * Every matrix product goes through one warp-level 16 x 16 tile primitive
+ * (Acc) with three implementations: tf32 tensor cores (default, fp32
+ * accumulation), 3xTF32 (hi/lo split of both operands: fp32-accurate), and
+ * plain fp32 FMA (the reference path). The triangular solve is fp32 FMA in
+ * all three. Operands live in shared memory as fp32; state fp32 throughout.
+ */
+#include "cuda_common.cuh"
+#include "kda_chunk.h"
+
+#include <mma.h>
+#include <type_traits>
+
+using namespace nvcuda;
+
+#define KC_CH 64     /* tokens per chunk */
+#define KC_LDA 68    /* leading dimension of the 64 x 64 chunk matrices in shared memory */
+#define KC_THREADS 256
+#define KC_PREP_THREADS 128
+
+/* ---- the workspace, resolved to device pointers ---- */
+struct ChunkWs {
+    int *nchunks, *status, *item_chunk0, *item_nchunks, *chunk_item, *chunk_local, *item_nseg, *item_seg0;
+    float *q, *k, *v, *g, *beta, *aqk, *egl, *sc, *segx, *sstart;
+    int max_chunks, max_segs, seq_split;
+};
+
+/* Sequence split: an item of nc chunks gets min(seq_split, nc / KC_SEG_MIN)
+ * segments (1: not split), so every segment has >= KC_SEG_MIN chunks and all
+ * items together need at most max_segs segment buffers (T / 224 + 2 covers
+ * every packing of <= T rows: a split item has > 7 * 64 rows). */
+#define KC_SEG_MIN 4
+#define KC_SEG_MAX 16
+
+static size_t align256(size_t x) { return (x + 255) & ~(size_t)255; }
+
+extern "C" void kc_kda_chunk_layout_of(int T, int n_items, int H, int K, int V, int seq_split, kc_kda_chunk_layout *L)
+{
+    /* sum over items of ceil(ntok / 64) <= (T + 63 n_items) / 64 when the items tile <= T rows */
+    const size_t maxc = ((size_t)T + 63 * (size_t)n_items) / KC_CH + 1;
+    const size_t maxs = seq_split > 1 ? (size_t)T / 224 + 2 : 0;
+    const size_t rows = (size_t)H * T;
+    size_t off = 0;
+#define KC_PUT(field, bytes)                                                                       \
+    do {                                                                                           \
+        L->field = off;                                                                            \
+        off = align256(off + (bytes));                                                             \
+    } while (0)
+    KC_PUT(plan_nchunks, 4);
+    KC_PUT(status, 4);
+    KC_PUT(item_chunk0, (size_t)n_items * 4);
+    KC_PUT(item_nchunks, (size_t)n_items * 4);
+    KC_PUT(item_nseg, (size_t)n_items * 4);
+    KC_PUT(item_seg0, (size_t)n_items * 4);
+    KC_PUT(chunk_item, maxc * 4);
+    KC_PUT(chunk_local, maxc * 4);
+    KC_PUT(q, rows * K * 4);
+    KC_PUT(k, rows * K * 4);
+    KC_PUT(v, rows * V * 4);
+    KC_PUT(g, rows * K * 4);
+    KC_PUT(beta, rows * 4);
+    KC_PUT(aqk, rows * KC_CH * 4);
+    KC_PUT(egl, maxc * H * K * 4);
+    KC_PUT(sc, maxc * H * (size_t)K * V * 4);
+    KC_PUT(segx, maxs * H * (size_t)K * (K + V) * 4);
+    KC_PUT(sstart, maxs * H * (size_t)K * V * 4);
+#undef KC_PUT
+    L->max_chunks = (int)maxc;
+    L->max_segs = (int)maxs;
+    L->bytes = off;
+}
+
+extern "C" size_t kc_kda_chunk_workspace(int T, int n_items, int H, int K, int V)
+{
+    kc_kda_chunk_layout L;
+    kc_kda_chunk_layout_of(T, n_items, H, K, V, 0, &L);
+    return L.bytes;
+}
+
+extern "C" size_t kc_kda_chunk_workspace_split(int T, int n_items, int H, int K, int V, int seq_split)
+{
+    kc_kda_chunk_layout L;
+    kc_kda_chunk_layout_of(T, n_items, H, K, V, seq_split, &L);
+    return L.bytes;
+}
+
+extern "C" int kc_kda_chunk_supported(int H, int K, int V, int taps)
+{
+    const bool k_ok = K == 16 || K == 32 || K == 64 || K == 128;
+    const bool v_ok = V == K || (V == 2 * K && K <= 64);
+    return H >= 1 && k_ok && v_ok && taps >= 1 && taps <= 4;
+}
+
+/* ---- the 16 x 16 tile primitive ----
+ * One warp owns one fp32 accumulator tile; mma() adds (neg ? -1 : 1) * A B
+ * for A [16 x kdim] and B [kdim x 16] in shared memory (kdim % 8 == 0).
+ * A_ROW: A(r, k) = A[r * lda + k], else A[k * lda + r];
+ * B_ROW: B(k, c) = B[k * ldb + c], else B[c * ldb + k].
+ * wmma needs 32-byte aligned tile pointers and ld % 4 == 0: every buffer
+ * below starts at a multiple of 32 bytes, tiles at multiples of 8 rows and
+ * 8 columns. All 32 lanes must call every member (warp-collective). */
+template <int MODE> struct Acc {
+    wmma::fragment<wmma::accumulator, 16, 16, 8, float> f;
+    __device__ __forceinline__ void zero() { wmma::fill_fragment(f, 0.0f); }
+    __device__ __forceinline__ void load(const float *p, int ld) { wmma::load_matrix_sync(f, p, ld, wmma::mem_row_major); }
+    __device__ __forceinline__ void store(float *p, int ld) const { wmma::store_matrix_sync(p, f, ld, wmma::mem_row_major); }
+    template <bool A_ROW, bool B_ROW>
+    __device__ __forceinline__ void mma(const float *A, int lda, const float *B, int ldb, int kdim, bool neg)
+    {
+        typedef typename std::conditional<A_ROW, wmma::row_major, wmma::col_major>::type LA;
+        typedef typename std::conditional<B_ROW, wmma::row_major, wmma::col_major>::type LB;
+        for (int k0 = 0; k0 < kdim; k0 += 8) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, LA> fa;
+            wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, LB> fb;
+            wmma::load_matrix_sync(fa, A_ROW ? A + k0 : A + (size_t)k0 * lda, lda);
+            wmma::load_matrix_sync(fb, B_ROW ? B + (size_t)k0 * ldb : B + k0, ldb);
+            if (MODE == KC_KDA_GEMM_TF32) {
+#pragma unroll
+                for (int t = 0; t < fa.num_elements; t++) fa.x[t] = wmma::__float_to_tf32(neg ? -fa.x[t] : fa.x[t]);
+#pragma unroll
+                for (int t = 0; t < fb.num_elements; t++) fb.x[t] = wmma::__float_to_tf32(fb.x[t]);
+                wmma::mma_sync(f, fa, fb, f);
+            } else { /* 3xTF32: a b ~= a_hi b_hi + a_hi b_lo + a_lo b_hi, small terms first */
+                wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, LA> fa_lo;
+                wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, LB> fb_lo;
+#pragma unroll
+                for (int t = 0; t < fa.num_elements; t++) {
+                    const float x = neg ? -fa.x[t] : fa.x[t], hi = wmma::__float_to_tf32(x);
+                    fa_lo.x[t] = wmma::__float_to_tf32(x - hi);
+                    fa.x[t] = hi;
+                }
+#pragma unroll
+                for (int t = 0; t < fb.num_elements; t++) {
+                    const float x = fb.x[t], hi = wmma::__float_to_tf32(x);
+                    fb_lo.x[t] = wmma::__float_to_tf32(x - hi);
+                    fb.x[t] = hi;
+                }
+                wmma::mma_sync(f, fa_lo, fb, f);
+                wmma::mma_sync(f, fa, fb_lo, f);
+                wmma::mma_sync(f, fa, fb, f);
+            }
+        }
+    }
+};
+
+/* plain fp32 FMA: lane l owns elements e = l + 32 i, row e / 16, column e % 16 */
+template <> struct Acc<KC_KDA_GEMM_SIMT> {
+    float x[8];
+    __device__ __forceinline__ void zero()
+    {
+#pragma unroll
+        for (int i = 0; i < 8; i++) x[i] = 0.0f;
+    }
+    __device__ __forceinline__ void load(const float *p, int ld)
+    {
+        const int lane = threadIdx.x & 31;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int e = lane + 32 * i;
+            x[i] = p[(e >> 4) * ld + (e & 15)];
+        }
+    }
+    __device__ __forceinline__ void store(float *p, int ld) const
+    {
+        const int lane = threadIdx.x & 31;
+        __syncwarp();
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int e = lane + 32 * i;
+            p[(e >> 4) * ld + (e & 15)] = x[i];
+        }
+        __syncwarp();
+    }
+    template <bool A_ROW, bool B_ROW>
+    __device__ __forceinline__ void mma(const float *A, int lda, const float *B, int ldb, int kdim, bool neg)
+    {
+        const int lane = threadIdx.x & 31;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int e = lane + 32 * i, r = e >> 4, c = e & 15;
+            float s = 0.0f;
+            for (int k = 0; k < kdim; k++) {
+                const float av = A_ROW ? A[r * lda + k] : A[k * lda + r];
+                const float bv = B_ROW ? B[k * ldb + c] : B[c * ldb + k];
+                s += av * bv;
+            }
+            x[i] += neg ? -s : s;
+        }
+    }
+};
+
+/* 16-byte global -> shared copy, in flight until cp_async_wait; full = false
+ * fills the 16 bytes with zeros instead (src is then not read). KC_EMU: the
+ * CPU emulator of tests/kernels/emu runs these kernels without a GPU. */
+static __device__ __forceinline__ void cp_async16(void *dst, const void *src, bool full)
+{
+#if defined(__CUDA_ARCH__)
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(full ? 16 : 0) : "memory");
+#elif defined(KC_EMU)
+    kc_emu_cp_async16(dst, src, full);
+#endif
+}
+static __device__ __forceinline__ void cp_async_commit()
+{
+#if defined(__CUDA_ARCH__)
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+#elif defined(KC_EMU)
+    kc_emu_cp_async_commit();
+#endif
+}
+template <int N> static __device__ __forceinline__ void cp_async_wait()
+{
+#if defined(__CUDA_ARCH__)
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#elif defined(KC_EMU)
+    kc_emu_cp_async_wait(N);
+#endif
+}
+
+/* the block's dynamic shared memory (the emulator supplies its own) */
+#ifndef KC_DYNAMIC_SMEM
+#define KC_DYNAMIC_SMEM(name) extern __shared__ __align__(128) float name[]
+#endif
+
+static __device__ __forceinline__ int log2i(int x) /* x a power of two */
+{
+    int r = 0;
+    while ((1 << r) < x) r++;
+    return r;
+}
+
+/* The chunk a block of the per-chunk stages works on (block-uniform). */
+struct ChunkPos {
+    int item, chunk, n, row0; /* rows row0 .. row0 + n - 1, n in 1..64 */
+};
+static __device__ __forceinline__ bool chunk_pos(const kc_kda_chunk_args &a, const ChunkWs &w, int c, ChunkPos *p)
+{
+    if (c >= *w.nchunks) return false;
+    const int item = w.chunk_item[c];
+    if (item < 0) return false;
+    const int cl = w.chunk_local[c];
+    p->item = item;
+    p->chunk = cl;
+    p->n = min(KC_CH, a.item_ntok[item] - cl * KC_CH);
+    p->row0 = a.item_row0[item] + cl * KC_CH;
+    return true;
+}
+
+/* inclusive scan of x over the 1024 threads of the block; *total = the block's sum */
+static __device__ int block_scan_1024(int x, int *wsum, int *total)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o) x += y;
+    }
+    if (lane == 31) wsum[warp] = x;
+    __syncthreads();
+    if (warp == 0) {
+        int v = wsum[lane];
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int y = __shfl_up_sync(0xffffffffu, v, o);
+            if (lane >= o) v += y;
+        }
+        wsum[lane] = v;
+    }
+    __syncthreads();
+    const int r = x + (warp ? wsum[warp - 1] : 0);
+    *total = wsum[31];
+    __syncthreads(); /* wsum free for the next scan */
+    return r;
+}
+
+/* ---- plan: the chunk table ----
+ * Item i gets ceil(ntok / 64) chunks if it is live (slot >= 0, ntok > 0) and
+ * its rows lie in 0..T-1; an item that fails the row check, or whose chunks
+ * would not fit the table, gets none (counted in status). Table entries of a
+ * rejected item that fall inside the table say item -1 (skipped). With a
+ * sequence split, its segments and their buffers (an item whose segments do
+ * not fit the buffers runs unsplit). */
+__global__ void __launch_bounds__(1024) kc_chunk_plan_kernel(kc_kda_chunk_args a, ChunkWs w)
+{
+    KC_PDL_WAIT();
+    KC_PDL_TRIGGER();
+    __shared__ int wsum[32];
+    __shared__ int s_bad;
+    const int tid = threadIdx.x;
+    if (tid == 0) s_bad = 0;
+    __syncthreads();
+    int run = 0, srun = 0; /* chunks and segment buffers given to earlier tiles (same in every thread) */
+    for (int base = 0; base < a.n_items; base += 1024) {
+        const int i = base + tid;
+        int nc = 0;
+        if (i < a.n_items) {
+            const int slot = a.item_slot[i], nt = a.item_ntok[i], r0 = a.item_row0[i];
+            if (slot >= 0 && nt > 0) {
+                if (r0 >= 0 && r0 <= a.T - nt)
+                    nc = (nt + KC_CH - 1) / KC_CH;
+                else
+                    atomicAdd(&s_bad, 1);
+            }
+        }
+        int total;
+        const int c0 = run + block_scan_1024(nc, wsum, &total) - nc;
+        const bool fits = c0 + nc <= w.max_chunks;
+        if (nc > 0 && !fits) atomicAdd(&s_bad, 1);
+        int nseg = 1;
+        if (fits && w.seq_split > 1) nseg = min(w.seq_split, nc / KC_SEG_MIN);
+        if (nseg < 2) nseg = 1;
+        int stotal;
+        const int sg0 = srun + block_scan_1024(nseg > 1 ? nseg : 0, wsum, &stotal) - (nseg > 1 ? nseg : 0);
+        if (nseg > 1 && sg0 + nseg > w.max_segs) nseg = 1;
+        if (i < a.n_items) {
+            w.item_chunk0[i] = c0;
+            w.item_nchunks[i] = fits ? nc : 0;
+            w.item_nseg[i] = nseg;
+            w.item_seg0[i] = sg0;
+            for (int c = 0; c < nc && c0 + c < w.max_chunks; c++) {
+                w.chunk_item[c0 + c] = fits ? i : -1;
+                w.chunk_local[c0 + c] = c;
+            }
+        }
+        run += total, srun += stotal;
+    }
+    __syncthreads();
+    if (tid == 0) {
+        *w.nchunks = min(run, w.max_chunks);
+        *w.status = s_bad;
+    }
+}
+
+/* ---- prep: block per (chunk, head, part) with part 0 = q, 1 = k, 2 = v ----
+ * Thread ch owns channel ch of the part: the conv window in registers, rows
+ * in batches of 8 loads in flight. q and k rows are staged in shared memory
+ * for their L2 norm; the k blocks also produce Gam (per channel, a running
+ * sum over the chunk's rows) and beta. */
+__global__ void __launch_bounds__(KC_PREP_THREADS) kc_chunk_prep_kernel(kc_kda_chunk_args a, ChunkWs w)
+{
+    KC_PDL_WAIT();
+    KC_PDL_TRIGGER();
+    ChunkPos cp;
+    if (!chunk_pos(a, w, blockIdx.x, &cp)) return;
+    const int h = blockIdx.y, part = blockIdx.z;
+    const int H = a.H, K = a.K, V = a.V, HK = H * K, HV = H * V, Cc = 2 * HK + HV, P = a.taps - 1, sh = 3 - P;
+    const size_t T = a.T;
+    const int irow0 = a.item_row0[cp.item], p0 = cp.chunk * KC_CH, n = cp.n, row0 = cp.row0;
+    const float *tail = a.state + (size_t)a.item_slot[cp.item] * a.slot_stride + (size_t)H * K * V; /* [P, Cc] */
+    const int width = part == 2 ? V : K;
+    const int colb = part == 0 ? h * K : part == 1 ? HK + h * K : 2 * HK + h * V;
+    KC_DYNAMIC_SMEM(x_s); /* [64][K] (parts 0, 1) */
+    __shared__ float inv_s[KC_CH];
+    float *dst = (part == 0 ? w.q : part == 1 ? w.k : w.v) + ((size_t)h * T + row0) * width;
+    const float a_h = -expf(a.A_log[h]);
+
+    for (int ch = threadIdx.x; ch < width; ch += KC_PREP_THREADS) {
+        const int col = colb + ch;
+        /* taps right-aligned in 4 weights (leading zeros for taps < 4);
+         * xw = raw inputs at positions p - 3, p - 2, p - 1 of the item */
+        float wt[4], xw[3];
+#pragma unroll
+        for (int i = 0; i < 4; i++) wt[i] = i >= sh ? a.convw[(size_t)col * a.taps + (i - sh)] : 0.0f;
+#pragma unroll
+        for (int i = 0; i < 3; i++) {
+            const int pos = p0 - 3 + i;
+            xw[i] = pos >= 0 ? a.proj[(size_t)(irow0 + pos) * a.ldp + col]
+                  : pos >= -P ? tail[(size_t)(P + pos) * Cc + col] : 0.0f;
+        }
+        const float dtb = part == 1 ? a.dt_bias[h * K + ch] : 0.0f;
+        float gacc = 0.0f;
+        for (int rb = 0; rb < n; rb += 8) {
+            float xb[8], gb[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                const int r = rb + u;
+                xb[u] = r < n ? a.proj[(size_t)(row0 + r) * a.ldp + col] : 0.0f;
+                gb[u] = part == 1 && r < n ? a.lowrank[(size_t)(row0 + r) * (HK + HV) + h * K + ch] : 0.0f;
+            }
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                const int r = rb + u;
+                if (r < n) {
+                    const float s = ((wt[0] * xw[0] + wt[1] * xw[1]) + wt[2] * xw[2]) + wt[3] * xb[u];
+                    xw[0] = xw[1], xw[1] = xw[2], xw[2] = xb[u];
+                    const float y = siluf_(s);
+                    if (part == 2)
+                        dst[(size_t)r * V + ch] = y;
+                    else
+                        x_s[r * K + ch] = y;
+                    if (part == 1) {
+                        gacc += a_h * softplusf_(gb[u] + dtb);
+                        w.g[((size_t)h * T + row0 + r) * K + ch] = gacc;
+                    }
+                }
+            }
+        }
+    }
+    if (part == 1)
+        for (int r = threadIdx.x; r < n; r += KC_PREP_THREADS)
+            w.beta[(size_t)h * T + row0 + r] = sigmoidf_(a.proj[(size_t)(row0 + r) * a.ldp + a.off_beta + h]);
+    if (part == 2) return;
+    __syncthreads();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int r = warp; r < n; r += KC_PREP_THREADS / 32) {
+        float ss = 0.0f;
+        for (int ch = lane; ch < K; ch += 32) ss += x_s[r * K + ch] * x_s[r * K + ch];
+        ss = warp_sum(ss);
+        if (lane == 0) inv_s[r] = 1.0f / sqrtf(ss + 1e-6f);
+    }
+    __syncthreads();
+    const float scale = part == 0 ? 1.0f / sqrtf((float)K) : 1.0f;
+    for (int e = threadIdx.x; e < n * K; e += KC_PREP_THREADS) dst[e] = x_s[e] * inv_s[e / K] * scale;
+}
+
+/* ---- intra: block per (chunk, head) ----
+ * Shared memory (floats): L, Aqk, Ai [64][68]; k, q, Gam slices [64][BK+4]
+ * (BK = min(K, 32) channels at a time); scratch [112][BK+4] (the two
+ * factors of the off-diagonal sub-blocks, later the right-hand sides and
+ * the Ai blocks' products); beta [64]. */
+static __host__ __device__ int intra_smem_floats(int K)
+{
+    const int LDS = (K < 32 ? K : 32) + 4;
+    return 3 * KC_CH * KC_LDA + 3 * KC_CH * LDS + 112 * LDS + KC_CH;
+}
+
+template <int MODE>
+__global__ void __launch_bounds__(KC_THREADS) kc_chunk_intra_kernel(kc_kda_chunk_args a, ChunkWs w)
+{
+    KC_PDL_WAIT();
+    KC_PDL_TRIGGER();
+    ChunkPos cp;
+    if (!chunk_pos(a, w, blockIdx.x, &cp)) return;
+    const int h = blockIdx.y, n = cp.n, row0 = cp.row0;
+    const int K = a.K, V = a.V, BK = K < 32 ? K : 32, LDS = BK + 4;
+    const size_t T = a.T;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    KC_DYNAMIC_SMEM(sm);
+    float *L_s = sm, *A_s = L_s + KC_CH * KC_LDA, *Ai_s = A_s + KC_CH * KC_LDA;
+    float *k_s = Ai_s + KC_CH * KC_LDA, *q_s = k_s + KC_CH * LDS, *g_s = q_s + KC_CH * LDS;
+    float *ka = g_s + KC_CH * LDS, *qa = ka + 48 * LDS, *kb = qa + 48 * LDS; /* ka..qa: 96 rows */
+    float *beta_s = kb + 16 * LDS;
+    const float *kin = w.k + ((size_t)h * T + row0) * K, *qin = w.q + ((size_t)h * T + row0) * K;
+    const float *gin = w.g + ((size_t)h * T + row0) * K;
+
+    for (int e = tid; e < 3 * KC_CH * KC_LDA; e += KC_THREADS) sm[e] = 0.0f;
+    for (int r = tid; r < KC_CH; r += KC_THREADS) beta_s[r] = r < n ? w.beta[(size_t)h * T + row0 + r] : 0.0f;
+    /* rows >= n: k = q = 0 and Gam = Gam[n-1], so they add nothing and every
+     * exponent stays <= 0 */
+    auto load_slice = [&](int ks) {
+        for (int e = tid; e < KC_CH * BK; e += KC_THREADS) {
+            const int r = e / BK, d = e % BK;
+            const size_t o = (size_t)(r < n ? r : n - 1) * K + ks * BK + d;
+            k_s[r * LDS + d] = r < n ? kin[o] : 0.0f;
+            q_s[r * LDS + d] = r < n ? qin[o] : 0.0f;
+            g_s[r * LDS + d] = gin[o];
+        }
+    };
+
+    /* diagonal sub-blocks: 4 x 136 pairs (r, s), s <= r within a block, up
+     * to 3 per thread, accumulated over the K slices in registers */
+    int pr[3], ps[3];
+    float dk[3] = {0.0f, 0.0f, 0.0f}, dq[3] = {0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < 3; i++) {
+        const int p = tid + KC_THREADS * i;
+        pr[i] = ps[i] = -1;
+        if (p < 4 * 136) {
+            int l = p % 136, r = 0;
+            while (l > r) l -= r + 1, r++;
+            pr[i] = 16 * (p / 136) + r;
+            ps[i] = 16 * (p / 136) + l;
+        }
+    }
+
+    /* pass 1: L (before beta) and Aqk */
+    for (int ks = 0; ks < K / BK; ks++) {
+        load_slice(ks);
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < 3; i++) {
+            if (pr[i] < 0) continue;
+            const float *kr = k_s + pr[i] * LDS, *qr = q_s + pr[i] * LDS, *gr = g_s + pr[i] * LDS;
+            const float *ks_ = k_s + ps[i] * LDS, *gs = g_s + ps[i] * LDS;
+            float sk = 0.0f, sq = 0.0f;
+            for (int d = 0; d < BK; d++) {
+                const float ke = ks_[d] * expf(gr[d] - gs[d]);
+                sk += kr[d] * ke;
+                sq += qr[d] * ke;
+            }
+            dk[i] += sk;
+            dq[i] += sq;
+        }
+        for (int j = 0; j < 3; j++) {
+            const int R0 = 16 * (j + 1), M = KC_CH - R0;
+            const float *gref = g_s + (16 * j + 15) * LDS;
+            for (int e = tid; e < M * BK; e += KC_THREADS) {
+                const int i = e / BK, d = e % BK;
+                const float x = expf(g_s[(R0 + i) * LDS + d] - gref[d]);
+                ka[i * LDS + d] = k_s[(R0 + i) * LDS + d] * x;
+                qa[i * LDS + d] = q_s[(R0 + i) * LDS + d] * x;
+            }
+            for (int e = tid; e < 16 * BK; e += KC_THREADS) {
+                const int s = e / BK, d = e % BK;
+                kb[s * LDS + d] = k_s[(16 * j + s) * LDS + d] * expf(gref[d] - g_s[(16 * j + s) * LDS + d]);
+            }
+            __syncthreads();
+            const int nt = M / 16; /* tiles below block j, per matrix */
+            if (warp < 2 * nt) {
+                const bool isq = warp >= nt;
+                const int mi = isq ? warp - nt : warp;
+                float *dst = (isq ? A_s : L_s) + (R0 + 16 * mi) * KC_LDA + 16 * j;
+                Acc<MODE> acc;
+                acc.load(dst, KC_LDA);
+                acc.template mma<true, false>((isq ? qa : ka) + 16 * mi * LDS, LDS, kb, LDS, BK, false);
+                acc.store(dst, KC_LDA);
+            }
+            __syncthreads();
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 3; i++) {
+        if (pr[i] < 0) continue;
+        if (ps[i] < pr[i]) L_s[pr[i] * KC_LDA + ps[i]] = dk[i];
+        A_s[pr[i] * KC_LDA + ps[i]] = dq[i];
+    }
+    __syncthreads();
+    for (int e = tid; e < KC_CH * KC_CH; e += KC_THREADS) L_s[(e >> 6) * KC_LDA + (e & 63)] *= beta_s[e >> 6];
+    __syncthreads();
+
+    /* Ai = (I + L)^-1. Diagonal blocks: forward substitution, lane c of
+     * warps 0..3 holds column c of block `warp` in registers. */
+    if (warp < 4 && lane < 16) {
+        const int b = warp, col = lane;
+        float x[16];
+#pragma unroll
+        for (int r = 0; r < 16; r++) {
+            float v = r == col ? 1.0f : 0.0f;
+#pragma unroll
+            for (int s = 0; s < r; s++) v -= L_s[(16 * b + r) * KC_LDA + 16 * b + s] * x[s];
+            x[r] = v;
+        }
+#pragma unroll
+        for (int r = 0; r < 16; r++) Ai_s[(16 * b + r) * KC_LDA + 16 * b + col] = x[r];
+    }
+    __syncthreads();
+    /* Off-diagonal blocks by distance from the diagonal:
+     * Ai_ij = -Ai_ii sum_{m=j}^{i-1} L_im Ai_mj (every Ai_mj is nearer). */
+    float *tmp = ka;
+    for (int dist = 1; dist < 4; dist++) {
+        const int np = 4 - dist;
+        for (int e = tid; e < np * 256; e += KC_THREADS) {
+            const int i = dist + e / 256, j = i - dist, rr = (e >> 4) & 15, cc = e & 15;
+            float s = 0.0f;
+            for (int m = j; m < i; m++)
+                for (int t = 0; t < 16; t++)
+                    s += L_s[(16 * i + rr) * KC_LDA + 16 * m + t] * Ai_s[(16 * m + t) * KC_LDA + 16 * j + cc];
+            tmp[e] = s;
+        }
+        __syncthreads();
+        for (int e = tid; e < np * 256; e += KC_THREADS) {
+            const int i = dist + e / 256, j = i - dist, rr = (e >> 4) & 15, cc = e & 15;
+            float s = 0.0f;
+            for (int t = 0; t < 16; t++) s += Ai_s[(16 * i + rr) * KC_LDA + 16 * i + t] * tmp[(e & ~255) + t * 16 + cc];
+            Ai_s[(16 * i + rr) * KC_LDA + 16 * j + cc] = -s;
+        }
+        __syncthreads();
+    }
+
+    /* pass 2, per K slice: qg, kg, exp(Gam_last) out; W = Ai (beta k exp(Gam)) */
+    float *rhs = ka;   /* [64][LDS] */
+    float *stage = q_s; /* product tile staging, free once qg is out */
+    const int nct = BK / 16;
+    for (int ks = 0; ks < K / BK; ks++) {
+        load_slice(ks);
+        __syncthreads();
+        const float *glast = g_s + (n - 1) * LDS;
+        for (int e = tid; e < KC_CH * BK; e += KC_THREADS) {
+            const int r = e / BK, d = e % BK;
+            const float gv = g_s[r * LDS + d], kv = k_s[r * LDS + d];
+            rhs[r * LDS + d] = beta_s[r] * kv * expf(gv);
+            if (r < n) {
+                const size_t o = ((size_t)h * T + row0 + r) * K + ks * BK + d;
+                w.q[o] = q_s[r * LDS + d] * expf(gv);
+                w.k[o] = kv * expf(glast[d] - gv);
+            }
+        }
+        if (tid < BK) w.egl[((size_t)blockIdx.x * a.H + h) * K + ks * BK + tid] = expf(glast[tid]);
+        __syncthreads();
+        if (warp < 4 * nct) {
+            const int mi = warp / nct, ni = warp % nct;
+            Acc<MODE> acc;
+            acc.zero();
+            acc.template mma<true, true>(Ai_s + 16 * mi * KC_LDA, KC_LDA, rhs + 16 * ni, LDS, KC_CH, false);
+            acc.store(stage + 16 * mi * LDS + 16 * ni, LDS);
+        }
+        __syncthreads();
+        for (int e = tid; e < n * BK; e += KC_THREADS) {
+            const int r = e / BK, d = e % BK;
+            w.g[((size_t)h * T + row0 + r) * K + ks * BK + d] = stage[r * LDS + d];
+        }
+        __syncthreads();
+    }
+    /* U = Ai (beta v), BK value columns at a time, in place of v */
+    for (int vs = 0; vs < V / BK; vs++) {
+        float *vio = w.v + ((size_t)h * T + row0) * V + vs * BK;
+        for (int e = tid; e < KC_CH * BK; e += KC_THREADS) {
+            const int r = e / BK, d = e % BK;
+            rhs[r * LDS + d] = r < n ? beta_s[r] * vio[(size_t)r * V + d] : 0.0f;
+        }
+        __syncthreads();
+        if (warp < 4 * nct) {
+            const int mi = warp / nct, ni = warp % nct;
+            Acc<MODE> acc;
+            acc.zero();
+            acc.template mma<true, true>(Ai_s + 16 * mi * KC_LDA, KC_LDA, rhs + 16 * ni, LDS, KC_CH, false);
+            acc.store(stage + 16 * mi * LDS + 16 * ni, LDS);
+        }
+        __syncthreads();
+        for (int e = tid; e < n * BK; e += KC_THREADS) {
+            const int r = e / BK, d = e % BK;
+            vio[(size_t)r * V + d] = stage[r * LDS + d];
+        }
+        __syncthreads();
+    }
+    for (int e = tid; e < n * KC_CH; e += KC_THREADS)
+        w.aqk[((size_t)h * T + row0 + (e >> 6)) * KC_CH + (e & 63)] = A_s[(e >> 6) * KC_LDA + (e & 63)];
+}
+
+/* ---- recur ----
+ * A block walks chunks [c0, c1) of one item for one head with BV columns of
+ * a K x BV matrix X in shared memory: per chunk X <- diag(exp(Gam_last)) X +
+ * kg^T (U - W X). With X = the state's value columns that is the
+ * recurrence; with U = 0 and X starting as columns of the identity, X ends
+ * as the chunks' transition matrix M (S_end = M S_start + B): the sequence
+ * split below. What a block does is its job: */
+enum { RJ_SLOT, RJ_IDENT, RJ_ZERO, RJ_SSTART };     /* start of X */
+enum { RJ_END_NONE, RJ_END_SLOT, RJ_END_SEGX };    /* where the final X goes */
+struct RecurJob {
+    int c0, c1;   /* chunk range within the item */
+    int vcol;     /* first value column (U, Vnew, state), or -1: identity columns mcol.. (U = 0) */
+    int mcol;
+    int start, end;
+    int seg;      /* segment buffer index (RJ_SSTART, RJ_END_SEGX) */
+    int xcol;     /* first column in the segment buffer's K + V columns */
+    bool out;     /* store X at each chunk start and Vnew (for the output stage) */
+};
+
+/* Segment s of an item with nc chunks in nseg segments: chunks [s nc / nseg, (s+1) nc / nseg). */
+static __device__ __forceinline__ int seg_c0(int s, int nc, int nseg) { return (int)((long)s * nc / nseg); }
+
+/* phase 0: no split, z = value block. phase 1 (split): z = aug block + (K+V)/BV * segment:
+ * segment 0 runs from the slot's state with outputs, segments >= 1 compute their
+ * [M | B] from [I | 0]; items with one segment run whole. phase 2 (split, after
+ * the combine): z = value block + V/BV * (segment - 1), from the true segment
+ * start, with outputs. */
+static __device__ bool recur_job(const kc_kda_chunk_args &a, const ChunkWs &w, int phase, int BV, int write_state,
+                                 RecurJob *j)
+{
+    const int item = blockIdx.x, nc = w.item_nchunks[item];
+    if (nc == 0) return false;
+    const int K = a.K, V = a.V, nvb = V / BV, nmb = K / BV;
+    const int nseg = phase == 0 ? 1 : w.item_nseg[item];
+    j->c0 = 0, j->c1 = nc, j->mcol = 0, j->seg = 0, j->xcol = 0;
+    j->start = RJ_SLOT, j->end = write_state ? RJ_END_SLOT : RJ_END_NONE, j->out = true;
+    if (phase == 0) {
+        j->vcol = blockIdx.z * BV;
+        return true;
+    }
+    if (phase == 2) {
+        const int vb = blockIdx.z % nvb, s = 1 + blockIdx.z / nvb;
+        if (nseg < 2 || s >= nseg) return false;
+        j->vcol = vb * BV, j->c0 = seg_c0(s, nc, nseg), j->c1 = seg_c0(s + 1, nc, nseg);
+        j->start = RJ_SSTART, j->seg = w.item_seg0[item] + s, j->end = RJ_END_NONE;
+        return true;
+    }
+    const int cb = blockIdx.z % (nmb + nvb), s = blockIdx.z / (nmb + nvb);
+    if (s >= nseg) return false;
+    if (nseg == 1) { /* not split: the whole item */
+        if (cb < nmb) return false;
+        j->vcol = (cb - nmb) * BV;
+        return true;
+    }
+    j->c0 = seg_c0(s, nc, nseg), j->c1 = seg_c0(s + 1, nc, nseg);
+    j->seg = w.item_seg0[item] + s, j->end = RJ_END_SEGX, j->xcol = cb * BV;
+    if (s == 0) {
+        if (cb < nmb) return false;
+        j->vcol = (cb - nmb) * BV;
+        return true;
+    }
+    j->out = false;
+    if (cb < nmb)
+        j->vcol = -1, j->mcol = cb * BV, j->start = RJ_IDENT;
+    else
+        j->vcol = (cb - nmb) * BV, j->start = RJ_ZERO;
+    return true;
+}
+
+/* Shared memory (floats): X [K][BV+4], Vnew [64][BV+4], then nbuf (1 or 2)
+ * buffers of { W [64][K+4], kg [64][K+4], U [64][BV+4], exp(Gam_last) [K] }.
+ * With 2, chunk c + 1's loads (cp.async) are in flight while chunk c
+ * computes; with 1, a second block on the SM (half the shared memory) hides them. */
+static __host__ __device__ int recur_smem_floats(int K, int BV, int nbuf)
+{
+    return (K + KC_CH) * (BV + 4) + nbuf * (2 * KC_CH * (K + 4) + KC_CH * (BV + 4) + K);
+}
+
+template <int MODE>
+__global__ void __launch_bounds__(KC_THREADS) kc_chunk_recur_kernel(kc_kda_chunk_args a, ChunkWs w, int BV, int nbuf,
+                                                                     int phase, int write_state)
+{
+    KC_PDL_WAIT();
+    KC_PDL_TRIGGER();
+    RecurJob jb;
+    if (!recur_job(a, w, phase, BV, write_state, &jb)) return;
+    const int item = blockIdx.x, h = blockIdx.y;
+    const int gc0 = w.item_chunk0[item], irow0 = a.item_row0[item], nt = a.item_ntok[item];
+    const int H = a.H, K = a.K, V = a.V, LDK = K + 4, LDV = BV + 4, XW = K + V;
+    const size_t T = a.T;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    KC_DYNAMIC_SMEM(sm);
+    float *S_s = sm, *Vn_s = S_s + K * LDV, *buf0 = Vn_s + KC_CH * LDV;
+    const int bufsz = 2 * KC_CH * LDK + KC_CH * LDV + K;
+    const bool has_u = jb.vcol >= 0;
+    /* BV, K / 4 and BV / 4 are powers of two: shifts instead of divisions in the per-chunk loops */
+    const int bsh = log2i(BV), ksh = log2i(K / 4), vsh = log2i(BV / 4);
+
+    auto issue = [&](int ci, int b) {
+        float *Wb = buf0 + b * bufsz, *kgb = Wb + KC_CH * LDK, *Ub = kgb + KC_CH * LDK, *egb = Ub + KC_CH * LDV;
+        const int n = min(KC_CH, nt - KC_CH * ci), row0 = irow0 + KC_CH * ci;
+        const float *Wg = w.g + ((size_t)h * T + row0) * K, *kgg = w.k + ((size_t)h * T + row0) * K;
+        const float *Ug = w.v + ((size_t)h * T + row0) * V + (has_u ? jb.vcol : 0);
+        const int k4 = K / 4, v4 = BV / 4;
+        for (int e = tid; e < KC_CH * k4; e += KC_THREADS) {
+            const int r = e >> ksh, q = e & (k4 - 1);
+            const bool ok = r < n;
+            cp_async16(Wb + r * LDK + 4 * q, Wg + (size_t)(ok ? r : 0) * K + 4 * q, ok);
+            cp_async16(kgb + r * LDK + 4 * q, kgg + (size_t)(ok ? r : 0) * K + 4 * q, ok);
+        }
+        for (int e = tid; e < KC_CH * v4; e += KC_THREADS) { /* identity columns: U = 0 */
+            const int r = e >> vsh, q = e & (v4 - 1);
+            const bool ok = has_u && r < n;
+            cp_async16(Ub + r * LDV + 4 * q, Ug + (size_t)(ok ? r : 0) * V + 4 * q, ok);
+        }
+        for (int e = tid; e < k4; e += KC_THREADS) cp_async16(egb + 4 * e, w.egl + ((size_t)(gc0 + ci) * H + h) * K + 4 * e, true);
+    };
+
+    float *Sg = a.state + (size_t)a.item_slot[item] * a.slot_stride + (size_t)h * K * V + (has_u ? jb.vcol : 0);
+    const float *Xs = w.sstart + ((size_t)jb.seg * H + h) * K * V + (has_u ? jb.vcol : 0);
+    for (int e = tid; e < K * BV; e += KC_THREADS) {
+        const int d = e >> bsh, c = e & (BV - 1);
+        float x = 0.0f;
+        if (jb.start == RJ_SLOT) x = Sg[(size_t)d * V + c];
+        else if (jb.start == RJ_SSTART) x = Xs[(size_t)d * V + c];
+        else if (jb.start == RJ_IDENT) x = d == jb.mcol + c ? 1.0f : 0.0f;
+        S_s[d * LDV + c] = x;
+    }
+    issue(jb.c0, 0);
+    cp_async_commit();
+    const int nvt = BV / 16;
+    for (int ci = jb.c0; ci < jb.c1; ci++) {
+        int b = 0;
+        if (nbuf == 2) {
+            b = (ci - jb.c0) & 1;
+            if (ci + 1 < jb.c1) issue(ci + 1, b ^ 1);
+            cp_async_commit();
+            cp_async_wait<1>(); /* this thread's copies of chunk ci have landed */
+        } else {
+            if (ci > jb.c0) issue(ci, 0), cp_async_commit();
+            cp_async_wait<0>();
+        }
+        __syncthreads(); /* everyone's copies, and X from the previous chunk */
+        const float *Wb = buf0 + b * bufsz, *kgb = Wb + KC_CH * LDK, *Ub = kgb + KC_CH * LDK, *egb = Ub + KC_CH * LDV;
+        const int n = min(KC_CH, nt - KC_CH * ci), row0 = irow0 + KC_CH * ci;
+        if (jb.out) { /* the state at the chunk's start, for the output stage */
+            float *scg = w.sc + ((size_t)(gc0 + ci) * H + h) * K * V + jb.vcol;
+            for (int e = tid; e < K * BV; e += KC_THREADS) scg[(size_t)(e >> bsh) * V + (e & (BV - 1))] = S_s[(e >> bsh) * LDV + (e & (BV - 1))];
+        }
+        /* Vnew = U - W X */
+        for (int t = warp; t < 4 * nvt; t += KC_THREADS / 32) {
+            const int mi = t / nvt, ni = t % nvt;
+            Acc<MODE> acc;
+            acc.load(Ub + 16 * mi * LDV + 16 * ni, LDV);
+            acc.template mma<true, true>(Wb + 16 * mi * LDK, LDK, S_s + 16 * ni, LDV, K, true);
+            acc.store(Vn_s + 16 * mi * LDV + 16 * ni, LDV);
+        }
+        __syncthreads(); /* Vnew complete; X no longer read */
+        if (jb.out) { /* in place of U (already in shared memory) */
+            float *vng = w.v + ((size_t)h * T + row0) * V + jb.vcol;
+            for (int e = tid; e < n * BV; e += KC_THREADS) vng[(size_t)(e >> bsh) * V + (e & (BV - 1))] = Vn_s[(e >> bsh) * LDV + (e & (BV - 1))];
+        }
+        /* X = diag(exp(Gam_last)) X + kg^T Vnew; each warp scales its own tiles */
+        for (int t = warp; t < (K / 16) * nvt; t += KC_THREADS / 32) {
+            const int mi = t / nvt, ni = t % nvt;
+            float *St = S_s + 16 * mi * LDV + 16 * ni;
+            for (int e = lane; e < 256; e += 32) St[(e >> 4) * LDV + (e & 15)] *= egb[16 * mi + (e >> 4)];
+            __syncwarp();
+            Acc<MODE> acc;
+            acc.load(St, LDV);
+            acc.template mma<false, true>(kgb + 16 * mi, LDK, Vn_s + 16 * ni, LDV, KC_CH, false);
+            acc.store(St, LDV);
+        }
+        __syncthreads(); /* before the next chunk reuses the buffer, Vnew and X */
+    }
+    cp_async_wait<0>();
+    if (jb.end == RJ_END_SLOT)
+        for (int e = tid; e < K * BV; e += KC_THREADS) Sg[(size_t)(e >> bsh) * V + (e & (BV - 1))] = S_s[(e >> bsh) * LDV + (e & (BV - 1))];
+    else if (jb.end == RJ_END_SEGX) {
+        float *xg = w.segx + ((size_t)jb.seg * H + h) * K * XW + jb.xcol;
+        for (int e = tid; e < K * BV; e += KC_THREADS) xg[(size_t)(e >> bsh) * XW + (e & (BV - 1))] = S_s[(e >> bsh) * LDV + (e & (BV - 1))];
+    }
+}
+
+/* ---- combine (sequence split): block per (item, head, value block) ----
+ * Walks the item's segments: start(s) = E(s-1) to sstart, then
+ * E(s) = M_s E(s-1) + B_s; the last E is the new state. Shared memory
+ * (floats): M [K][K+4], E and E' [K][BV+4]. */
+static __host__ __device__ int combine_smem_floats(int K, int BV) { return K * (K + 4) + 2 * K * (BV + 4); }
+
+template <int MODE>
+__global__ void __launch_bounds__(KC_THREADS) kc_chunk_combine_kernel(kc_kda_chunk_args a, ChunkWs w, int BV,
+                                                                       int write_state)
+{
+    KC_PDL_WAIT();
+    KC_PDL_TRIGGER();
+    const int item = blockIdx.x, h = blockIdx.y, vcol = blockIdx.z * BV;
+    const int nseg = w.item_nchunks[item] ? w.item_nseg[item] : 0;
+    if (nseg < 2) return;
+    const int H = a.H, K = a.K, V = a.V, XW = K + V, LDM = K + 4, LDV = BV + 4;
+    const int tid = threadIdx.x, warp = tid >> 5;
+    KC_DYNAMIC_SMEM(sm);
+    float *M_s = sm, *E_s = M_s + K * LDM, *E2_s = E_s + K * LDV;
+    const int seg0 = w.item_seg0[item];
+    const float *x0 = w.segx + ((size_t)seg0 * H + h) * K * XW + K + vcol;
+    for (int e = tid; e < K * BV; e += KC_THREADS) E_s[(e / BV) * LDV + e % BV] = x0[(size_t)(e / BV) * XW + e % BV];
+    const int nvt = BV / 16;
+    for (int s = 1; s < nseg; s++) {
+        const float *xs = w.segx + ((size_t)(seg0 + s) * H + h) * K * XW;
+        for (int e = tid; e < K * (K / 4); e += KC_THREADS) {
+            const int r = e / (K / 4), q = e % (K / 4);
+            cp_async16(M_s + r * LDM + 4 * q, xs + (size_t)r * XW + 4 * q, true);
+        }
+        for (int e = tid; e < K * (BV / 4); e += KC_THREADS) { /* B_s into E', the accumulator's start */
+            const int r = e / (BV / 4), q = e % (BV / 4);
+            cp_async16(E2_s + r * LDV + 4 * q, xs + (size_t)r * XW + K + vcol + 4 * q, true);
+        }
+        cp_async_commit();
+        __syncthreads(); /* E complete (previous step) */
+        float *st = w.sstart + ((size_t)(seg0 + s) * H + h) * K * V + vcol;
+        for (int e = tid; e < K * BV; e += KC_THREADS) st[(size_t)(e / BV) * V + e % BV] = E_s[(e / BV) * LDV + e % BV];
+        cp_async_wait<0>();
+        __syncthreads();
+        for (int t = warp; t < (K / 16) * nvt; t += KC_THREADS / 32) {
+            const int mi = t / nvt, ni = t % nvt;
+            Acc<MODE> acc;
+            acc.load(E2_s + 16 * mi * LDV + 16 * ni, LDV);
+            acc.template mma<true, true>(M_s + 16 * mi * LDM, LDM, E_s + 16 * ni, LDV, K, false);
+            acc.store(E2_s + 16 * mi * LDV + 16 * ni, LDV);
+        }
+        __syncthreads();
+        float *tmp = E_s;
+        E_s = E2_s, E2_s = tmp;
+    }
+    if (write_state) {
+        float *Sg = a.state + (size_t)a.item_slot[item] * a.slot_stride + (size_t)h * K * V + vcol;
+        for (int e = tid; e < K * BV; e += KC_THREADS) Sg[(size_t)(e / BV) * V + e % BV] = E_s[(e / BV) * LDV + e % BV];
+    }
+}
+
+/* ---- out: block per (chunk, head), all V columns ----
+ * Shared memory (floats): qg [64][K+4], S_c [K][V+4], Aqk [64][68],
+ * Vnew [64][V+4] (then O). Warp w owns output tiles w, w + 8, ... (<= 4). */
+static __host__ __device__ int out_smem_floats(int K, int V)
+{
+    return KC_CH * (K + 4) + K * (V + 4) + KC_CH * KC_LDA + KC_CH * (V + 4);
+}
+
+template <int MODE>
+__global__ void __launch_bounds__(KC_THREADS) kc_chunk_out_kernel(kc_kda_chunk_args a, ChunkWs w)
+{
+    KC_PDL_WAIT();
+    KC_PDL_TRIGGER();
+    ChunkPos cp;
+    if (!chunk_pos(a, w, blockIdx.x, &cp)) return;
+    const int h = blockIdx.y, n = cp.n, row0 = cp.row0;
+    const int H = a.H, K = a.K, V = a.V, HK = H * K, HV = H * V, LDK = K + 4, LDV = V + 4;
+    const size_t T = a.T;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    KC_DYNAMIC_SMEM(sm);
+    float *qg_s = sm, *sc_s = qg_s + KC_CH * LDK, *aq_s = sc_s + K * LDV, *vn_s = aq_s + KC_CH * KC_LDA;
+    {
+        const float *qg = w.q + ((size_t)h * T + row0) * K, *vn = w.v + ((size_t)h * T + row0) * V;
+        const float *aq = w.aqk + ((size_t)h * T + row0) * KC_CH;
+        const float *sc = w.sc + ((size_t)blockIdx.x * H + h) * K * V;
+        const int k4 = K / 4, v4 = V / 4;
+        for (int e = tid; e < KC_CH * k4; e += KC_THREADS) {
+            const int r = e / k4, q = e % k4;
+            cp_async16(qg_s + r * LDK + 4 * q, qg + (size_t)(r < n ? r : 0) * K + 4 * q, r < n);
+        }
+        for (int e = tid; e < KC_CH * v4; e += KC_THREADS) {
+            const int r = e / v4, q = e % v4;
+            cp_async16(vn_s + r * LDV + 4 * q, vn + (size_t)(r < n ? r : 0) * V + 4 * q, r < n);
+        }
+        for (int e = tid; e < KC_CH * 16; e += KC_THREADS) {
+            const int r = e / 16, q = e % 16;
+            cp_async16(aq_s + r * KC_LDA + 4 * q, aq + (size_t)(r < n ? r : 0) * KC_CH + 4 * q, r < n);
+        }
+        for (int e = tid; e < K * v4; e += KC_THREADS) {
+            const int r = e / v4, q = e % v4;
+            cp_async16(sc_s + r * LDV + 4 * q, sc + (size_t)r * V + 4 * q, true);
+        }
+        cp_async_commit();
+        cp_async_wait<0>();
+    }
+    __syncthreads();
+    const int nvt = V / 16, ntile = 4 * nvt; /* V <= 128: <= 32 tiles, <= 4 per warp */
+    Acc<MODE> acc[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int t = warp + 8 * i;
+        if (t < ntile) {
+            const int mi = t / nvt, ni = t % nvt;
+            acc[i].zero();
+            acc[i].template mma<true, true>(qg_s + 16 * mi * LDK, LDK, sc_s + 16 * ni, LDV, K, false);
+            acc[i].template mma<true, true>(aq_s + 16 * mi * KC_LDA, KC_LDA, vn_s + 16 * ni, LDV, KC_CH, false);
+        }
+    }
+    __syncthreads(); /* every product has read Vnew: O may take its place */
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int t = warp + 8 * i;
+        if (t < ntile) acc[i].store(vn_s + 16 * (t / nvt) * LDV + 16 * (t % nvt), LDV);
+    }
+    __syncthreads();
+    /* y = RMSNorm(o; onorm, eps) * sigmoid(G + g_bias), one warp per row */
+    for (int r = warp; r < n; r += KC_THREADS / 32) {
+        const float *o = vn_s + r * LDV;
+        float ss = 0.0f;
+        for (int j = lane; j < V; j += 32) ss += o[j] * o[j];
+        ss = warp_sum(ss);
+        const float rn = 1.0f / sqrtf(ss / V + a.eps);
+        const size_t row = (size_t)row0 + r;
+        const float *G = a.lowrank + row * (HK + HV) + HK + h * V;
+        for (int j = lane; j < V; j += 32) {
+            const float gt = G[j] + (a.g_bias ? a.g_bias[h * V + j] : 0.0f);
+            ((bf16 *)a.y)[row * a.ldy + h * V + j] = f2bf(o[j] * rn * a.onorm[j] * sigmoidf_(gt));
+        }
+    }
+}
+
+/* ---- tail: block per (item, 256 channels): the last taps-1 raw inputs of
+ * (old tail ++ the item's rows). Row m reads old row m + ntok (> m) before
+ * that row is rewritten. Runs after prep has read the old tail. */
+__global__ void __launch_bounds__(256) kc_chunk_tail_kernel(kc_kda_chunk_args a, ChunkWs w)
+{
+    KC_PDL_WAIT();
+    KC_PDL_TRIGGER();
+    const int item = blockIdx.x;
+    if (w.item_nchunks[item] == 0) return;
+    const int H = a.H, Cc = 2 * H * a.K + H * a.V, P = a.taps - 1;
+    const int col = blockIdx.y * 256 + threadIdx.x;
+    if (col >= Cc) return;
+    const int nt = a.item_ntok[item], row0 = a.item_row0[item];
+    float *tail = a.state + (size_t)a.item_slot[item] * a.slot_stride + (size_t)H * a.K * a.V;
+    for (int m = 0; m < P; m++) {
+        const int pos = nt - P + m;
+        tail[(size_t)m * Cc + col] = pos >= 0 ? a.proj[(size_t)(row0 + pos) * a.ldp + col] : tail[(size_t)(m + nt) * Cc + col];
+    }
+}
+
+/* ---- launcher ---- */
+static int sm_count(void)
+{
+    static int n = 0;
+    if (!n) {
+        int dev = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) {
+            (void)cudaGetLastError();
+            n = 132;
+        }
+    }
+    return n;
+}
+
+/* Raise a kernel's dynamic shared memory limit once to what the call needs. */
+template <typename Kern> static int smem_allow(Kern k, size_t bytes, size_t *allowed)
+{
+    if (bytes <= 48 * 1024 || bytes <= *allowed) return 0;
+    cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        fprintf(stderr, "%s:%d: kda chunk: %zu bytes of shared memory refused: %s\n", __FILE__, __LINE__, bytes,
+                cudaGetErrorString(e));
+        return -7;
+    }
+    *allowed = bytes;
+    return 0;
+}
+
+#define KC_CHUNK_LAUNCH(name, ...)                                                                  \
+    do {                                                                                            \
+        cudaError_t e_ = kc_launch(__VA_ARGS__);                                                    \
+        if (e_ != cudaSuccess) {                                                                    \
+            (void)cudaGetLastError();                                                               \
+            fprintf(stderr, "%s:%d: kda chunk %s launch failed: %s\n", __FILE__, __LINE__, name,    \
+                    cudaGetErrorString(e_));                                                        \
+            return -7;                                                                              \
+        }                                                                                           \
+    } while (0)
+
+template <int MODE>
+static int run_chunk_stages(const kc_kda_chunk_args *a, const ChunkWs &w, int bv, int nbuf, cudaStream_t s)
+{
+    static size_t allow_intra = 0, allow_recur = 0, allow_out = 0, allow_comb = 0;
+    const int H = a->H, K = a->K, V = a->V, stop = a->debug_stop_after, split = w.seq_split > 1;
+    const int maxc = w.max_chunks, ws = stop == 0 ? 1 : 0;
+    const size_t sm_intra = (size_t)intra_smem_floats(K) * 4, sm_recur = (size_t)recur_smem_floats(K, bv, nbuf) * 4;
+    const size_t sm_out = (size_t)out_smem_floats(K, V) * 4, sm_comb = (size_t)combine_smem_floats(K, bv) * 4;
+    if (smem_allow(kc_chunk_intra_kernel<MODE>, sm_intra, &allow_intra) ||
+        smem_allow(kc_chunk_recur_kernel<MODE>, sm_recur, &allow_recur) ||
+        smem_allow(kc_chunk_out_kernel<MODE>, sm_out, &allow_out) ||
+        (split && smem_allow(kc_chunk_combine_kernel<MODE>, sm_comb, &allow_comb)))
+        return -7;
+    KC_CHUNK_LAUNCH("plan", kc_chunk_plan_kernel, dim3(1), dim3(1024), 0, s, *a, w);
+    KC_CHUNK_LAUNCH("prep", kc_chunk_prep_kernel, dim3(maxc, H, 3), dim3(KC_PREP_THREADS), (size_t)KC_CH * K * 4, s, *a, w);
+    if (stop == 1) return 0;
+    KC_CHUNK_LAUNCH("intra", kc_chunk_intra_kernel<MODE>, dim3(maxc, H), dim3(KC_THREADS), sm_intra, s, *a, w);
+    if (stop == 2) return 0;
+    if (!split) {
+        KC_CHUNK_LAUNCH("recur", kc_chunk_recur_kernel<MODE>, dim3(a->n_items, H, V / bv), dim3(KC_THREADS), sm_recur,
+                        s, *a, w, bv, nbuf, 0, ws);
+    } else { /* segments' transitions (and segment 0, and unsplit items), the scan, the rest */
+        KC_CHUNK_LAUNCH("recur split", kc_chunk_recur_kernel<MODE>, dim3(a->n_items, H, (K + V) / bv * w.seq_split),
+                        dim3(KC_THREADS), sm_recur, s, *a, w, bv, nbuf, 1, ws);
+        KC_CHUNK_LAUNCH("combine", kc_chunk_combine_kernel<MODE>, dim3(a->n_items, H, V / bv), dim3(KC_THREADS), sm_comb,
+                        s, *a, w, bv, ws);
+        KC_CHUNK_LAUNCH("recur rerun", kc_chunk_recur_kernel<MODE>, dim3(a->n_items, H, V / bv * (w.seq_split - 1)),
+                        dim3(KC_THREADS), sm_recur, s, *a, w, bv, nbuf, 2, ws);
+    }
+    if (stop == 3) return 0;
+    KC_CHUNK_LAUNCH("out", kc_chunk_out_kernel<MODE>, dim3(maxc, H), dim3(KC_THREADS), sm_out, s, *a, w);
+    if (stop == 4) return 0;
+    const int Cc = 2 * H * K + H * V;
+    if (a->taps > 1) KC_CHUNK_LAUNCH("tail", kc_chunk_tail_kernel, dim3(a->n_items, (Cc + 255) / 256), dim3(256), 0, s, *a, w);
+    return 0;
+}
+
+extern "C" int kc_kda_chunk(const kc_kda_chunk_args *a, cudaStream_t s)
+{
+    if (!kc_kda_chunk_supported(a->H, a->K, a->V, a->taps)) return -5;
+    if (a->n_items < 0 || a->T < 0) return -1;
+    if (a->n_items == 0) return 0;
+    const int H = a->H, K = a->K, V = a->V, C = 2 * H * K + H * V;
+    if (!a->proj || !a->lowrank || !a->item_row0 || !a->item_ntok || !a->item_slot || !a->state || !a->convw ||
+        !a->A_log || !a->dt_bias || !a->onorm || !a->y || !a->work)
+        return -1;
+    if (a->ldp < C || a->off_beta < 0 || a->off_beta > a->ldp - H || a->ldy < H * V) return -1;
+    if (a->slot_stride < (size_t)H * K * V + (size_t)(a->taps - 1) * C) return -1;
+    if (a->gemm < KC_KDA_GEMM_TF32 || a->gemm > KC_KDA_GEMM_SIMT || a->debug_stop_after < 0 || a->debug_stop_after > 4)
+        return -1;
+    if (a->seq_split < 0 || a->seq_split > KC_SEG_MAX || a->recur_buffers < 0 || a->recur_buffers > 2) return -1;
+    const int split = a->seq_split > 1 ? a->seq_split : 0;
+    kc_kda_chunk_layout L;
+    kc_kda_chunk_layout_of(a->T, a->n_items, H, K, V, split, &L);
+    if (a->work_bytes < L.bytes || ((uintptr_t)a->work & 255)) return -1;
+    /* value block: the widest that still gives every SM a block */
+    int bv = a->bv;
+    if (bv == 0) {
+        const long heads = (long)a->n_items * H;
+        bv = V >= 64 && heads * (V / 64) >= 2L * sm_count() ? 64 : V >= 32 && heads * (V / 32) >= sm_count() ? 32 : 16;
+    }
+    if (bv != 16 && bv != 32 && bv != 64) return -1;
+    if (!a->bv && split)
+        while (K % bv) bv /= 2; /* the transition's identity columns come in blocks of bv */
+    if (bv > V || (split && K % bv)) return -1;
+    const int nbuf = a->recur_buffers ? a->recur_buffers : 2;
+    char *base = (char *)a->work;
+    ChunkWs w;
+    w.nchunks = (int *)(base + L.plan_nchunks);
+    w.status = (int *)(base + L.status);
+    w.item_chunk0 = (int *)(base + L.item_chunk0);
+    w.item_nchunks = (int *)(base + L.item_nchunks);
+    w.item_nseg = (int *)(base + L.item_nseg);
+    w.item_seg0 = (int *)(base + L.item_seg0);
+    w.chunk_item = (int *)(base + L.chunk_item);
+    w.chunk_local = (int *)(base + L.chunk_local);
+    w.q = (float *)(base + L.q);
+    w.k = (float *)(base + L.k);
+    w.v = (float *)(base + L.v);
+    w.g = (float *)(base + L.g);
+    w.beta = (float *)(base + L.beta);
+    w.aqk = (float *)(base + L.aqk);
+    w.egl = (float *)(base + L.egl);
+    w.sc = (float *)(base + L.sc);
+    w.segx = (float *)(base + L.segx);
+    w.sstart = (float *)(base + L.sstart);
+    w.max_chunks = L.max_chunks;
+    w.max_segs = L.max_segs;
+    w.seq_split = split;
+    switch (a->gemm) {
+    case KC_KDA_GEMM_3XTF32: return run_chunk_stages<KC_KDA_GEMM_3XTF32>(a, w, bv, nbuf, s);
+    case KC_KDA_GEMM_SIMT: return run_chunk_stages<KC_KDA_GEMM_SIMT>(a, w, bv, nbuf, s);
+    default: return run_chunk_stages<KC_KDA_GEMM_TF32>(a, w, bv, nbuf, s);
+    }
+}
