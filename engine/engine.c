@@ -99,6 +99,7 @@ static const struct {
     TF(gemm_verbose, 0, 1), TF(gemm_tune_flush, 0, 1), TF(gemm_splitk, 0, 1),
     TF(gemv_persist, 0, 1), TF(kda_tiled, 0, 1), TF(kda_tile_occ, 2, 3), TF(kda_tile_clusters, 0, 1 << 20),
     TF(attn_split, 0, 256), TF(fast_prefill, 0, 1), TF(prefill_rows, 1, 1 << 20), TF(attn_prefill_variant, 0, 3),
+    TF(kda_chunk_gemm, 0, 2), TF(kda_chunk_bv, 0, 64), TF(kda_chunk_split, 0, 16),
     TF(attn_prefill_split, 0, 1 << 20), TF(prof, 0, 1), TF(cpu_bf16_act, 0, 1),
 #undef TF
 };

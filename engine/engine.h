@@ -68,6 +68,9 @@ typedef struct {
                             and the fused log-prob kernel (1); 0 = the per-token kernels */
     int prefill_rows;    /* CUDA: rows of one prefill pass (8192; at least the decode batch bucket) */
     int attn_prefill_variant; /* CUDA: prefill attention kernel variant 0-3 (0 = default; ops_attn_prefill.cu) */
+    int kda_chunk_gemm;  /* CUDA: chunked KDA matrix arithmetic: 0 tf32, 1 3xtf32, 2 plain fp32 (kda_chunk.h) */
+    int kda_chunk_bv;    /* CUDA: chunked KDA value columns per recurrence block (0 = auto, 16, 32, 64) */
+    int kda_chunk_split; /* CUDA: chunked KDA sequence split into up to N segments (0/1 = off) */
     int attn_prefill_split;   /* CUDA: force a context split every N keys in prefill attention (0 = by shape) */
     int prof;            /* CUDA: time kernel categories with events, for kda_engine_prof_take (0) */
     int cpu_bf16_act;    /* CPU: round activations to bf16 where the CUDA backend stores bf16 (0) */

@@ -185,19 +185,22 @@ static void carve(cuda_backend *b)
     b->cublas_ws = p + lo->cublas_ws;
     b->kv = AT(uint16_t, lo->kv);
 #undef AT
-    cp_meta_carve(&b->dm, b->d_meta, b->d.PM);
+    cp_meta_carve(&b->dm_dec, b->d_meta, b->d.TM);
+    cp_meta_carve(&b->dm_pre, b->d_meta + (size_t)CP_META_ARRAYS * b->d.TM, b->d.PM);
 }
 
 /* Pinned host buffers: step metadata and what comes back from the device. */
 static int host_buffers(cuda_backend *b, char *err, size_t errlen)
 {
     const size_t TM = (size_t)b->d.TM, PM = (size_t)b->d.PM, vocab = (size_t)b->d.vocab;
-    const size_t bytes = CP_META_ARRAYS * PM * 4 + TM * sizeof(kc_sample_param) +
+    const size_t bytes = CP_META_ARRAYS * (TM + PM) * 4 + TM * sizeof(kc_sample_param) +
                          TM * KDA_MAX_LOGIT_BIAS * sizeof(kda_logit_bias) + TM * 4 * 3 + TM * KDA_MAX_TOP * 16 +
                          CU_HOST_ROWS * vocab * 4 + 64;
     CK(cudaMallocHost((void **)&b->h_meta, bytes));
-    cp_meta_carve(&b->hm, b->h_meta, (int)PM);
-    char *q = (char *)(b->h_meta + CP_META_ARRAYS * PM);
+    cp_meta_carve(&b->hm_dec, b->h_meta, (int)TM);
+    cp_meta_carve(&b->hm_pre, b->h_meta + CP_META_ARRAYS * TM, (int)PM);
+    cu_use_meta(b, 0);
+    char *q = (char *)(b->h_meta + CP_META_ARRAYS * (TM + PM));
     b->h_sp = (kc_sample_param *)q, q += TM * sizeof(kc_sample_param);
     b->h_bias = (kda_logit_bias *)q, q += TM * KDA_MAX_LOGIT_BIAS * sizeof(kda_logit_bias);
     b->h_tok = (int32_t *)q, q += TM * 4;
@@ -332,7 +335,10 @@ int cuda_backend_create(backend **out, const backend_params *p, char *err, size_
         cp_dims *d = &b->d;
         const int kda_ok = !d->n_kda || kc_kda_chunk_supported(d->H, d->K, d->V, d->taps);
         b->fast_prefill = b->tn.fast_prefill && kda_ok;
-        if (b->fast_prefill && d->n_kda) d->kda_chunk_ws = kc_kda_chunk_workspace(d->PM, d->max_seqs, d->H, d->K, d->V);
+        if (b->fast_prefill && d->n_kda)
+            d->kda_chunk_ws = b->tn.kda_chunk_split > 1
+                                  ? kc_kda_chunk_workspace_split(d->PM, d->max_seqs, d->H, d->K, d->V, b->tn.kda_chunk_split)
+                                  : kc_kda_chunk_workspace(d->PM, d->max_seqs, d->H, d->K, d->V);
         if (b->fast_prefill && d->n_gqa)
             d->attn_prefill_ws = kc_attn_prefill_workspace(d->PM, d->max_seqs, d->Hq, d->hd, d->max_seq_len);
     }
@@ -370,6 +376,19 @@ int cuda_backend_create(backend **out, const backend_params *p, char *err, size_
         }
     }
     carve(b);
+    if (b->fast_prefill && b->d.n_gqa) { /* the prefill attention takes these shapes and strides? */
+        kc_gqa_args a;
+        kc_attn_prefill_plan plan;
+        memset(&a, 0, sizeof a);
+        a.T = b->d.PM, a.Hq = b->d.Hq, a.Hkv = b->d.Hkv, a.hd = b->d.hd, a.kv = b->kv, a.q = b->q;
+        a.block_stride = b->d.block_elems, a.layer_off = b->d.kv_layer_elems, a.blk = KV_BLK;
+        a.block_table = b->d_table, a.max_blocks = b->d.max_blocks, a.proj = b->proj, a.ldp = b->d.ldp;
+        a.off_gate = b->d.gqa_off_g;
+        if (kc_attn_prefill_plan_for(&a, b->d.max_seqs, b->d.max_seq_len, b->d.attn_prefill_ws, NULL, &plan)) {
+            if (p->verbose) fprintf(stderr, "cuda: prefill attention refuses this shape: prompts take the decode kernels\n");
+            b->fast_prefill = 0;
+        }
+    }
     if (kv_alloc_init(&b->ka, b->lo.n_blocks, b->d.max_seqs, b->d.max_blocks)) {
         rc = KDA_ENOMEM;
         snprintf(err, errlen, "out of host memory");

@@ -212,6 +212,9 @@ static int kda_mixer_prefill(cuda_backend *b, const cu_layer *w, int T, int n_it
     a.ldy = d->HV;
     a.work = b->kda_ws;
     a.work_bytes = d->kda_chunk_ws;
+    a.gemm = b->tn.kda_chunk_gemm;
+    a.bv = b->tn.kda_chunk_bv;
+    a.seq_split = b->tn.kda_chunk_split;
     KC_CHECK(kc_kda_chunk(&a, s));
     PROF(b, KDA_PROF_KDA);
     return 0;

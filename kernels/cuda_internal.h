@@ -90,9 +90,12 @@ typedef struct {
     uint16_t *xn, *act, *ybuf, *lowin;
     void *kda_ws, *attn_ws;    /* prefill kernels' workspaces */
     int fast_prefill;          /* prompt passes use the prefill kernels (tuning, and shapes they support) */
-    int32_t *d_meta;           /* cp_meta arrays, CP_META_ARRAYS x PM */
-    cp_meta dm, hm;            /* device / pinned host views */
-    int32_t *h_meta;           /* pinned: meta, then the output buffers below */
+    int32_t *d_meta;           /* cp_meta arrays: CP_META_ARRAYS x TM for decode steps (the graphs
+                                  capture these addresses), then CP_META_ARRAYS x PM for prompt passes */
+    int32_t *h_meta;           /* pinned: the same two blocks, then the output buffers below */
+    cp_meta dm, hm;            /* device / host views of the block in use (cu_use_meta) */
+    cp_meta dm_dec, hm_dec, dm_pre, hm_pre;
+    int meta_pre;              /* the prompt-pass block is in use */
     kc_sample_param *d_sp, *h_sp;
     kda_logit_bias *d_bias, *h_bias;
     int *d_scratch;
@@ -136,6 +139,7 @@ int cu_forward_prefill(cuda_backend *b, int T, int n_items, int max_ctx, char *e
 /* final norm + lm-head of out rows [k0, k0 + n) into logits [n, vocab] (n <= TM) */
 int cu_logits(cuda_backend *b, int k0, int n, char *err, size_t errlen);
 /* cuda_step.cu */
+void cu_use_meta(cuda_backend *b, int prefill); /* which block dm / hm view */
 int cu_upload_meta(cuda_backend *b, char *err, size_t errlen);
 int cu_step(backend *bb, const step_item *items, int n, char *err, size_t errlen);
 

@@ -133,7 +133,7 @@ void cp_layout_compute(cp_layout *lo, const cp_dims *d, const model_config *c, i
     lo->xn = take(&o, PM * D * 2);
     lo->act = take(&o, PM * F * 2);
     lo->ybuf = take(&o, PM * d->ycols * 2);
-    lo->meta = take(&o, (size_t)CP_META_ARRAYS * PM * 4);
+    lo->meta = take(&o, (size_t)CP_META_ARRAYS * (TM + PM) * 4); /* a decode block, then a prefill block */
     lo->sample_params = take(&o, TM * CP_SAMPLE_PARAM_BYTES);
     lo->hist = take(&o, (size_t)d->max_seqs * d->max_seq_len * 4);
     lo->scratch = take(&o, TM * d->vocab * 4);

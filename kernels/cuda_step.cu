@@ -13,10 +13,18 @@
  */
 #include "cuda_internal.h"
 
+void cu_use_meta(cuda_backend *b, int prefill)
+{
+    b->meta_pre = prefill;
+    b->dm = prefill ? b->dm_pre : b->dm_dec;
+    b->hm = prefill ? b->hm_pre : b->hm_dec;
+}
+
 int cu_upload_meta(cuda_backend *b, char *err, size_t errlen)
 {
-    CK(cudaMemcpyAsync(b->d_meta, b->h_meta, (size_t)CP_META_ARRAYS * b->d.TM * sizeof(int32_t),
-                       cudaMemcpyHostToDevice, b->st));
+    const size_t off = b->meta_pre ? (size_t)CP_META_ARRAYS * b->d.TM : 0;
+    const size_t n = (size_t)CP_META_ARRAYS * (b->meta_pre ? b->d.PM : b->d.TM);
+    CK(cudaMemcpyAsync(b->d_meta + off, b->h_meta + off, n * sizeof(int32_t), cudaMemcpyHostToDevice, b->st));
     return 0;
 }
 
@@ -236,6 +244,7 @@ static int step(cuda_backend *b, const step_item *items, int n, char *err, size_
     int decode = n <= d->TM;
     for (int i = 0; i < n && decode; i++) decode = items[i].it->n_tokens == 1;
     int *row_item = b->row_item, *row_tok = b->row_tok, rc = 0;
+    cu_use_meta(b, !decode);
     if (decode) {
         int bi = 0;
         const int Tb = cp_pack_decode(&b->hm, items, n, b->tn.graphs, &bi);
