@@ -294,10 +294,20 @@ int cli_bench(int argc, char **argv)
     }
     /* threads: CPU engine threads (0 = all cores), as kda-server --threads, so a serving
      * benchmark compares the server with the engine on the same threads */
+    /* contexts: the longest decode context plus its steps, or the longest
+     * prompt; a model whose max_position_embeddings is shorter than that
+     * keeps its own (the points beyond it then fail one by one, said so) */
+    int need = max_ctx;
+    for (int i = 0; i < np; i++) need = pairs[i].ctx + steps + 8 > need ? pairs[i].ctx + steps + 8 : need;
     kda_engine_opts o = {.model_dir = dir, .device = device, .threads = threads, .max_seqs = max_b,
-                         .max_seq_len = max_ctx + steps + 8, .gpu_mem_fraction = frac, .tuning = &tn, .verbose = 1};
+                         .max_seq_len = need, .gpu_mem_fraction = frac, .tuning = &tn, .verbose = 1};
     kda_engine *e = NULL;
     int rc = kda_engine_open(&e, &o, err, sizeof err);
+    if (rc == KDA_EINVAL && strstr(err, "max_position_embeddings")) {
+        fprintf(stderr, "bench: %s: using the model's own context\n", err);
+        o.max_seq_len = 0;
+        rc = kda_engine_open(&e, &o, err, sizeof err);
+    }
     if (rc) {
         fprintf(stderr, "bench: %s\n", err);
         return 1;

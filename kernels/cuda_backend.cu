@@ -130,6 +130,7 @@ static void cuda_destroy(backend *bb)
     kv_alloc_free(&b->ka);
     free(b->row_item);
     free(b->done);
+    free(b->split_items);
     free(b->lw);
     free(b);
 }
@@ -214,7 +215,8 @@ static int host_buffers(cuda_backend *b, char *err, size_t errlen)
     b->row_item = (int *)malloc(PM * 2 * sizeof(int));
     b->row_tok = b->row_item ? b->row_item + PM : NULL;
     b->done = (int *)malloc((size_t)b->d.max_seqs * sizeof(int));
-    if (!b->row_item || !b->done) {
+    b->split_items = (step_item *)malloc((size_t)b->d.max_seqs * sizeof(step_item));
+    if (!b->row_item || !b->done || !b->split_items) {
         snprintf(err, errlen, "out of host memory");
         return KDA_ENOMEM;
     }

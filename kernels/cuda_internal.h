@@ -106,6 +106,7 @@ typedef struct {
     /* step workspace (host), sized at create */
     int *row_item, *row_tok;   /* [PM] */
     int *done;                 /* [max_seqs] */
+    step_item *split_items;    /* [max_seqs]: a mixed step's one-token items, then its chunks */
     /* decode graphs, one per bucket */
     cudaGraphExec_t graph[CP_N_BUCKETS];
     /* tuning prof=1: an event after each piece of work, the kind of work

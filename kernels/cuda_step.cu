@@ -241,8 +241,20 @@ int cu_step(backend *bb, const step_item *items, int n, char *err, size_t errlen
 static int step(cuda_backend *b, const step_item *items, int n, char *err, size_t errlen)
 {
     const cp_dims *d = &b->d;
-    int decode = n <= d->TM;
-    for (int i = 0; i < n && decode; i++) decode = items[i].it->n_tokens == 1;
+    int decode = n <= d->TM, n1 = 0;
+    for (int i = 0; i < n; i++) n1 += items[i].it->n_tokens == 1;
+    decode = decode && n1 == n;
+    if (!decode && n1 && b->fast_prefill) {
+        /* decoding sequences and prompt chunks in one step: the one-token
+         * items replay their decode graph, the chunks take a prompt pass, so
+         * decode costs what it costs alone (run through the prompt kernels,
+         * 256 one-token items made a step 3x slower on the H200) */
+        step_item *one = b->split_items, *many = b->split_items + n1;
+        int a = 0, c = 0;
+        for (int i = 0; i < n; i++) (items[i].it->n_tokens == 1 ? one[a++] : many[c++]) = items[i];
+        int rc = step(b, one, a, err, errlen);
+        return rc ? rc : step(b, many, c, err, errlen);
+    }
     int *row_item = b->row_item, *row_tok = b->row_tok, rc = 0;
     cu_use_meta(b, !decode);
     if (decode) {

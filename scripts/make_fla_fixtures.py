@@ -230,6 +230,11 @@ def set_kda_mode(model, mode):
 
 def build_fla(kw, extra):
     from fla.models import KDAConfig, KDAForCausalLM
+    # fla 0.5.2 declares its tied weights as a list; transformers 5.x expects a
+    # mapping {tied key: source key} (seen on the H200 with 5.17: post_init
+    # fails with "'list' object has no attribute 'keys'"): give it the mapping
+    if isinstance(getattr(KDAForCausalLM, "_tied_weights_keys", None), list):
+        KDAForCausalLM._tied_weights_keys = {"lm_head.weight": "model.embeddings.weight"}
     cfg = KDAConfig(**dict(BASE, **kw))
     model = KDAForCausalLM(cfg)
     if extra.get("conv_bias"):
