@@ -1,6 +1,6 @@
 /*
- * The engine API on generated checkpoints: incremental decoding equals full
- * recomputation, batching never changes a sequence's numbers, reused slots
+ * The engine API on generated checkpoints: step boundaries never change a
+ * sequence's numbers, batching never changes a sequence's numbers, reused slots
  * start clean, and bad steps are refused without advancing anything.
  */
 #include <math.h>
@@ -62,14 +62,18 @@ static double max_abs_diff(const float *a, const float *b, size_t n)
     return m;
 }
 
-static void test_prefill_then_decode_equals_full_recompute(void **st)
+/* The CPU backend's invariant (cpu_backend.c): how a sequence's tokens are
+ * split into steps never changes its numbers, so a 150-token prompt fed at
+ * once, as a 100-token prompt then one token at a time, or in ragged chunks
+ * gives the same logits bit for bit. The prefix cache relies on it. */
+static void test_step_boundaries_never_change_the_logits(void **st)
 {
     (void)st;
     kda_engine *e = open_tiny(2);
-    const int V = kda_engine_info(e)->vocab_size, T = 150; /* > 64: chunked prefill path */
+    const int V = kda_engine_info(e)->vocab_size, T = 150;
     int32_t toks[150];
     random_tokens(toks, T, V, 1);
-    float *full = malloc(sizeof(float) * T * V), *inc = malloc(sizeof(float) * V);
+    float *full = malloc(sizeof(float) * T * V), *inc = malloc(sizeof(float) * T * V);
     char err[512];
     int a, b;
     assert_int_equal(kda_seq_new(e, &a, err, sizeof err), 0);
@@ -77,17 +81,24 @@ static void test_prefill_then_decode_equals_full_recompute(void **st)
     assert_int_equal(kda_engine_step(e, &it, 1, err, sizeof err), 0);
     /* incremental: a 100-token prompt, then one token at a time */
     assert_int_equal(kda_seq_new(e, &b, err, sizeof err), 0);
-    kda_batch_item p = {.seq = b, .tokens = toks, .n_tokens = 100, .logits = inc};
+    kda_batch_item p = {.seq = b, .tokens = toks, .n_tokens = 100, .logits = inc, .want_all_logits = 1};
     assert_int_equal(kda_engine_step(e, &p, 1, err, sizeof err), 0);
-    double worst = max_abs_diff(inc, full + (size_t)99 * V, V);
     for (int t = 100; t < T; t++) {
-        kda_batch_item d = {.seq = b, .tokens = &toks[t], .n_tokens = 1, .logits = inc};
+        kda_batch_item d = {.seq = b, .tokens = &toks[t], .n_tokens = 1, .logits = inc + (size_t)t * V};
         assert_int_equal(kda_engine_step(e, &d, 1, err, sizeof err), 0);
-        worst = fmax(worst, max_abs_diff(inc, full + (size_t)t * V, V));
     }
     assert_int_equal(kda_seq_len(e, b), T);
-    /* chunked (prefill) and per-token (decode) KDA differ only by fp32 rounding */
-    if (worst > 1e-3) fail_msg("incremental vs full logits differ by %g", worst);
+    assert_memory_equal(full, inc, sizeof(float) * T * V);
+    /* ragged chunks across the old 64-token chunked-form threshold */
+    kda_seq_free(e, b);
+    assert_int_equal(kda_seq_new(e, &b, err, sizeof err), 0);
+    const int cuts[] = {0, 3, 67, 68, 131, 150};
+    for (int c = 0; c + 1 < (int)(sizeof cuts / sizeof cuts[0]); c++) {
+        kda_batch_item q = {.seq = b, .tokens = toks + cuts[c], .n_tokens = cuts[c + 1] - cuts[c],
+                            .logits = inc + (size_t)cuts[c] * V, .want_all_logits = 1};
+        assert_int_equal(kda_engine_step(e, &q, 1, err, sizeof err), 0);
+    }
+    assert_memory_equal(full, inc, sizeof(float) * T * V);
     free(full), free(inc);
     kda_engine_close(e);
 }
@@ -334,7 +345,7 @@ static void test_wrong_tensor_shape_names_the_tensor(void **st)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_prefill_then_decode_equals_full_recompute),
+        cmocka_unit_test(test_step_boundaries_never_change_the_logits),
         cmocka_unit_test(test_batched_step_equals_each_sequence_alone),
         cmocka_unit_test(test_freed_slot_is_reused_with_clean_state),
         cmocka_unit_test(test_bad_steps_are_refused_and_change_nothing),
