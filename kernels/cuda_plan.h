@@ -92,13 +92,22 @@ void cp_layout_compute(cp_layout *lo, const cp_dims *d, const model_config *c, i
 int cp_layout_fit(cp_layout *lo, const cp_dims *d, const model_config *c, size_t budget, char *err,
                   size_t errlen);
 
-/* ---- KV block allocator ---- */
+/* ---- KV block allocator ----
+ * Blocks are held by slots (their tables) and by prefix snapshots (the blocks
+ * of the prefix they froze); a block is free when nobody holds it. Sharing
+ * needs no copy-on-write because every holder reads only rows below its own
+ * length and nobody writes a row another holder reads: a slot appends at its
+ * position, past every snapshot taken from it, and a slot restored from a
+ * snapshot shares only the snapshot's full blocks (its partial last block is
+ * a private copy, kv_alloc_restore). */
 typedef struct {
     int n_blocks, max_seqs, max_blocks;
     int32_t *table;   /* [max_seqs][max_blocks] block ids of each slot, in position order */
     int *nblk;        /* [max_seqs] blocks held */
     int *free_list;   /* [n_blocks] stack of free block ids */
     int n_free;
+    int32_t *seq_refs, *snap_refs; /* [n_blocks] slots / snapshots holding each block */
+    int n_snap_only;  /* blocks held by snapshots alone: the prefix cache's own KV memory */
 } kv_alloc;
 
 int kv_alloc_init(kv_alloc *a, int n_blocks, int max_seqs, int max_blocks);
@@ -108,7 +117,19 @@ void kv_alloc_free(kv_alloc *a);
  * when the free blocks do not suffice (nothing taken). */
 int kv_alloc_reserve(kv_alloc *a, int slot, int n_tokens, int *first, int *last);
 void kv_alloc_release(kv_alloc *a, int slot);
-int kv_alloc_used(const kv_alloc *a); /* blocks held by all slots */
+int kv_alloc_used(const kv_alloc *a); /* blocks held by anyone */
+/* A snapshot of the slot's first n_tokens (which the slot holds): references
+ * its ceil(n_tokens / KV_BLK) first blocks, written to blocks[]; returns how
+ * many. kv_alloc_unref gives a snapshot's references back. */
+int kv_alloc_snap_ref(kv_alloc *a, int slot, int n_tokens, int32_t *blocks);
+void kv_alloc_snap_unref(kv_alloc *a, const int32_t *blocks, int n);
+/* Slot (holding nothing) continues a snapshot of n_tokens whose blocks are
+ * blocks[]: it shares the full ones and takes a fresh block for a partial
+ * last one, whose rows the caller copies from *copy_from into *copy_to (both
+ * -1 when n_tokens is a multiple of KV_BLK). *last = table entries set.
+ * KDA_ENOMEM (nothing taken) when no block is free for the copy. */
+int kv_alloc_restore(kv_alloc *a, int slot, const int32_t *blocks, int n_tokens, int *copy_from, int *copy_to,
+                     int *last);
 
 /* ---- step packing ---- */
 /* Decode step (every item one token): rows 0..n-1 are the items in order,
