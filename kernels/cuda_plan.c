@@ -114,6 +114,8 @@ void cp_layout_compute(cp_layout *lo, const cp_dims *d, const model_config *c, i
     lo->weights_end = lo->weight_bytes = o;
     lo->state = take(&o, d->slot_floats * 4 * (size_t)d->max_seqs);
     lo->state_bytes = o - lo->state;
+    lo->snap_state = take(&o, d->slot_floats * 4 * (size_t)d->n_snaps);
+    lo->snap_bytes = o - lo->snap_state;
     const size_t mark = o;
     lo->h = take(&o, TM * D * 4);
     lo->proj = take(&o, TM * d->ldp * 4);
@@ -152,9 +154,10 @@ int cp_layout_fit(cp_layout *lo, const cp_dims *d, const model_config *c, size_t
     const size_t fixed = lo->total;
     if (fixed > budget) {
         snprintf(err, errlen,
-                 "CUDA pool: weights %zu MiB + state %zu MiB + activations %zu MiB exceed the budget of %zu MiB; "
-                 "lower --max-seqs or raise the memory fraction",
-                 lo->weight_bytes >> 20, lo->state_bytes >> 20, lo->act_bytes >> 20, budget >> 20);
+                 "CUDA pool: weights %zu MiB + state %zu MiB + prefix snapshots %zu MiB + activations %zu MiB exceed "
+                 "the budget of %zu MiB; lower --max-seqs or --prefix-cache-bytes, or raise the memory fraction",
+                 lo->weight_bytes >> 20, lo->state_bytes >> 20, lo->snap_bytes >> 20, lo->act_bytes >> 20,
+                 budget >> 20);
         return KDA_ENOMEM;
     }
     const size_t block_bytes = d->block_elems * 2;

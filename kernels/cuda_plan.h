@@ -36,6 +36,7 @@ typedef struct {
     int ldp;                                      /* row stride of the projection buffer */
     int ycols;                                    /* widest mixer output (HV or Hq*hd) */
     int max_seqs, max_seq_len;
+    int n_snaps;                                  /* prefix snapshot state slots (set after cp_dims_init; 0 = none) */
     int TM;                                       /* rows per forward pass (>= max_seqs, power of two) */
     int max_blocks;                               /* KV blocks of one full-context sequence */
     size_t kv_layer_elems, block_elems;           /* bf16 elements of one block: per GQA layer, all layers */
@@ -62,13 +63,14 @@ typedef struct {
     size_t embed, lm_head, final_norm;
     size_t weights_end;                   /* weights occupy [0, weights_end) */
     size_t state;                         /* [max_seqs][slot_floats] fp32 */
+    size_t snap_state;                    /* [n_snaps][slot_floats] fp32: prefix snapshots */
     size_t h, proj, q, lowrank, opart, ml, logits, lse, tlp, xn, act, ybuf; /* activations */
     size_t meta, sample_params, hist, scratch, tok, lp, top, toplp, bias, table;
     size_t cublas_ws;
     size_t act_end;                       /* everything but the KV blocks: [0, act_end) */
     size_t kv;                            /* [n_blocks][n_gqa][K|V][Hkv][KV_BLK][hd] bf16 */
     size_t total;                         /* pool bytes */
-    size_t weight_bytes, state_bytes, act_bytes, kv_bytes;
+    size_t weight_bytes, state_bytes, snap_bytes, act_bytes, kv_bytes;
     int n_blocks;
 } cp_layout;
 

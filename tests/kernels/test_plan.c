@@ -85,6 +85,16 @@ static void test_layout_regions_are_aligned_ordered_and_inside_the_pool(void **s
     cp_layout again;
     cp_layout_compute(&again, &d, &cfg, 1000);
     assert_memory_equal(&lo, &again, sizeof lo);
+    /* prefix snapshots: n_snaps more state slots right after the sequences',
+     * 19.3 MiB each (the whole KDA state of one sequence) */
+    assert_int_equal(lo.snap_bytes, 0);
+    d.n_snaps = 100;
+    cp_layout ls;
+    cp_layout_compute(&ls, &d, &cfg, 1000);
+    assert_int_equal(ls.snap_state, lo.state + lo.state_bytes);
+    assert_int_equal(ls.snap_bytes, (size_t)100 * 18 * (1048576 + 3 * 3 * 2048 * 4));
+    assert_int_equal(ls.total - lo.total, ls.snap_bytes);
+    assert_int_equal(ls.h, ls.snap_state + ls.snap_bytes);
 }
 
 static void test_fitting_the_pool_to_a_budget(void **st)
@@ -107,6 +117,11 @@ static void test_fitting_the_pool_to_a_budget(void **st)
     assert_int_equal(cp_layout_fit(&lo, &d, &cfg, budget, err, sizeof err), 0);
     assert_true(lo.total <= budget);
     assert_true(lo.n_blocks >= 3 * d.max_blocks - 1 && lo.n_blocks <= 3 * d.max_blocks);
+    /* snapshot slots are part of the fixed part and named when it does not fit */
+    d.n_snaps = 64;
+    assert_int_equal(cp_layout_fit(&lo, &d, &cfg, fixed + 60 * d.slot_floats * 4, err, sizeof err), KDA_ENOMEM);
+    assert_non_null(strstr(err, "prefix snapshots"));
+    d.n_snaps = 0;
     /* a huge budget: capped at max_seqs full contexts */
     assert_int_equal(cp_layout_fit(&lo, &d, &cfg, (size_t)1 << 40, err, sizeof err), 0);
     assert_int_equal(lo.n_blocks, 8 * d.max_blocks);
