@@ -50,6 +50,9 @@ static struct {
     unsigned long finished[N_REASONS];
     int waiting, running, pool_used, pool_total;
     double pool_bytes;
+    unsigned long pc_hits, pc_hit_tokens;
+    int pc_snapshots;
+    double pc_bytes;
     histogram ttft, itl, step;
     histogram e2e, queue, prefill, decode, inference, req_prompt, req_gen, req_max_tokens, req_params_max, iter_tokens;
 } m = {
@@ -163,6 +166,22 @@ void metrics_request_finished(const metrics_finished *f)
     observe(&m.req_gen, (double)f->n_gen);
     observe(&m.req_max_tokens, (double)f->n_gen);
     observe(&m.req_params_max, (double)f->max_tokens);
+    pthread_mutex_unlock(&m.mu);
+}
+
+void metrics_prefix_cache_hit(long tokens)
+{
+    pthread_mutex_lock(&m.mu);
+    m.pc_hits++;
+    m.pc_hit_tokens += (unsigned long)tokens;
+    pthread_mutex_unlock(&m.mu);
+}
+
+void metrics_prefix_cache_size(int snapshots, double bytes)
+{
+    pthread_mutex_lock(&m.mu);
+    m.pc_snapshots = snapshots;
+    m.pc_bytes = bytes;
     pthread_mutex_unlock(&m.mu);
 }
 
@@ -333,6 +352,15 @@ char *metrics_render(size_t *len)
             "# TYPE kda_state_pool_total_sequences gauge\nkda_state_pool_total_sequences %d\n", m.pool_total);
     put(&t, "# HELP kda_state_pool_used_bytes Recurrent state plus KV cache held by live sequences.\n"
             "# TYPE kda_state_pool_used_bytes gauge\nkda_state_pool_used_bytes %.0f\n", m.pool_bytes);
+    put(&t, "# HELP kda_prefix_cache_hits_total Requests that started from a cached prefix.\n"
+            "# TYPE kda_prefix_cache_hits_total counter\nkda_prefix_cache_hits_total %lu\n", m.pc_hits);
+    put(&t, "# HELP kda_prefix_cache_hit_tokens_total Prompt tokens served from the prefix cache (not computed).\n"
+            "# TYPE kda_prefix_cache_hit_tokens_total counter\nkda_prefix_cache_hit_tokens_total %lu\n",
+        m.pc_hit_tokens);
+    put(&t, "# HELP kda_prefix_cache_bytes Memory held by the prefix cache: snapshot states, KV no sequence holds, "
+            "the index.\n# TYPE kda_prefix_cache_bytes gauge\nkda_prefix_cache_bytes %.0f\n", m.pc_bytes);
+    put(&t, "# HELP kda_prefix_cache_snapshots Prefix snapshots held.\n"
+            "# TYPE kda_prefix_cache_snapshots gauge\nkda_prefix_cache_snapshots %d\n", m.pc_snapshots);
     put_histogram(&t, "kda_time_to_first_token_seconds", "Arrival to first generated token.", "", &m.ttft);
     put_histogram(&t, "kda_inter_token_latency_seconds", "Time between consecutive generated tokens of a sequence.", "",
                   &m.itl);
