@@ -50,7 +50,7 @@ static struct {
     unsigned long finished[N_REASONS];
     int waiting, running, pool_used, pool_total;
     double pool_bytes;
-    unsigned long pc_hits, pc_hit_tokens;
+    unsigned long pc_hits, pc_hit_tokens, pc_evictions;
     int pc_snapshots;
     double pc_bytes;
     histogram ttft, itl, step;
@@ -177,11 +177,12 @@ void metrics_prefix_cache_hit(long tokens)
     pthread_mutex_unlock(&m.mu);
 }
 
-void metrics_prefix_cache_size(int snapshots, double bytes)
+void metrics_prefix_cache_size(int snapshots, double bytes, unsigned long evictions)
 {
     pthread_mutex_lock(&m.mu);
     m.pc_snapshots = snapshots;
     m.pc_bytes = bytes;
+    m.pc_evictions = evictions;
     pthread_mutex_unlock(&m.mu);
 }
 
@@ -361,6 +362,8 @@ char *metrics_render(size_t *len)
             "the index.\n# TYPE kda_prefix_cache_bytes gauge\nkda_prefix_cache_bytes %.0f\n", m.pc_bytes);
     put(&t, "# HELP kda_prefix_cache_snapshots Prefix snapshots held.\n"
             "# TYPE kda_prefix_cache_snapshots gauge\nkda_prefix_cache_snapshots %d\n", m.pc_snapshots);
+    put(&t, "# HELP kda_prefix_cache_evictions_total Cache entries evicted (budget, or room for a request).\n"
+            "# TYPE kda_prefix_cache_evictions_total counter\nkda_prefix_cache_evictions_total %lu\n", m.pc_evictions);
     put_histogram(&t, "kda_time_to_first_token_seconds", "Arrival to first generated token.", "", &m.ttft);
     put_histogram(&t, "kda_inter_token_latency_seconds", "Time between consecutive generated tokens of a sequence.", "",
                   &m.itl);

@@ -451,7 +451,7 @@ static void cache_gauges(sched *s)
     if (!s->pc) return;
     pc_stats st;
     pc_get_stats(s->pc, &st);
-    metrics_prefix_cache_size(st.snaps, (double)(engine_cache_bytes(s->e) + st.index_bytes));
+    metrics_prefix_cache_size(st.snaps, (double)(engine_cache_bytes(s->e) + st.index_bytes), st.evictions);
 }
 
 /* Snapshot of r's sequence as it stands, filed under key[0..n) (n = its
