@@ -50,7 +50,7 @@ static struct {
     unsigned long finished[N_REASONS];
     int waiting, running, pool_used, pool_total;
     double pool_bytes;
-    unsigned long pc_hits, pc_hit_tokens, pc_evictions;
+    unsigned long pc_hits, pc_hit_tokens, pc_evictions, pc_queried_tokens;
     int pc_snapshots;
     double pc_bytes;
     histogram ttft, itl, step;
@@ -169,11 +169,12 @@ void metrics_request_finished(const metrics_finished *f)
     pthread_mutex_unlock(&m.mu);
 }
 
-void metrics_prefix_cache_hit(long tokens)
+void metrics_prefix_cache_lookup(long prompt_tokens, long hit_tokens)
 {
     pthread_mutex_lock(&m.mu);
-    m.pc_hits++;
-    m.pc_hit_tokens += (unsigned long)tokens;
+    m.pc_queried_tokens += (unsigned long)prompt_tokens;
+    m.pc_hits += hit_tokens > 0;
+    m.pc_hit_tokens += (unsigned long)hit_tokens;
     pthread_mutex_unlock(&m.mu);
 }
 
@@ -250,6 +251,11 @@ static void render_vllm(text *t)
             (double)m.prompt_tokens);
     put_one(t, "vllm:generation_tokens_total", "counter", "Tokens generated (kda_generated_tokens_total).", mn,
             (double)m.generated_tokens);
+    put_one(t, "vllm:prefix_cache_queries_total", "counter", "Prompt tokens looked up in the prefix cache.", mn,
+            (double)m.pc_queried_tokens);
+    put_one(t, "vllm:prefix_cache_hits_total", "counter",
+            "Prompt tokens served from the prefix cache (kda_prefix_cache_hit_tokens_total).", mn,
+            (double)m.pc_hit_tokens);
     put_one(t, "vllm:num_preemptions_total", "counter", "Always 0: admitted sequences are never preempted.", mn, 0);
     put(t, "# HELP vllm:request_success_total Finished sequences by finish reason.\n"
            "# TYPE vllm:request_success_total counter\n");

@@ -553,7 +553,7 @@ static int cache_admit(sched *s, run_seq *r)
     }
     r->n_done = hit;
     t->n_cached = hit;
-    if (hit) metrics_prefix_cache_hit(hit);
+    metrics_prefix_cache_lookup(n, hit);
     /* snapshot points: the branch point and the end of a scoring prompt (the
      * grid is implicit: every multiple of s->grid inside the prompt) */
     r->n_points = 0;

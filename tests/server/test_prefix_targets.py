@@ -4,21 +4,27 @@ backend), each against a --prefix-cache off server on the same model:
     continuations of 1-32 tokens, sent as lm-eval's local-completions sends
     loglikelihood requests: echo, logprobs 1, max_tokens 1): log-probs
     bit-identical, prompt tokens computed <= 1/6, wall time <= 1/3, sent one
-    by one and as one batched request;
+    by one and as one batched request; and the same task run by
+    lm-evaluation-harness itself (when installed): the same loglikelihoods
+    with and without the cache, <= 1/6 of the prompt tokens computed;
   - a 10-turn chat resending its history: every turn's output identical,
     TTFT of turn 10 within 1.5x of turn 1's.
 Timing checks compare two runs on the same machine in the same process, so
 only the ratios mean anything (the CI machine is shared). Not run under the
 sanitizers (suite targets): a debug build measures nothing.
 """
+import glob
+import json
 import os
+import subprocess
 import sys
+import tempfile
 import time
 
 import requests
 
 sys.path.insert(0, os.path.dirname(__file__))
-from fixture import SRC, Server, check, finish  # noqa: E402
+from fixture import SRC, Server, check, finish, metric  # noqa: E402
 
 demo = os.path.join(SRC, "models", "demo")
 
@@ -84,6 +90,52 @@ print(f"lm-eval workload in one request: {cb} computed ({pb - cb} served) in {wb
 check(lpb == lp_ref and topb == top_ref and cb * 6 <= c_ref,
       "lm-eval workload as one batched request: bit-identical, <= 1/6 of the tokens computed", f"{cb}")
 srv.stop()
+
+# the same workload run by lm-evaluation-harness itself (local-completions, the
+# server's tokenizer), when setup-debian.sh installed it: the same
+# loglikelihoods with and without the cache, and the tokens computed
+LM_DIR = os.environ.get("KDA_LM_EVAL_DIR", "/opt/kda-lm-eval")
+lm_env = dict(os.environ, PYTHONPATH=LM_DIR + os.pathsep + os.environ.get("PYTHONPATH", ""), HF_HUB_OFFLINE="1",
+              HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
+              HF_DATASETS_CACHE=tempfile.mkdtemp(prefix="kda-hf-"))
+probe = subprocess.run([sys.executable, "-c", "import lm_eval, datasets, tenacity"], env=lm_env, capture_output=True)
+if probe.returncode != 0:
+    print(f"SKIP the lm-eval run: lm-eval is not installed in {LM_DIR}")
+else:
+    work = tempfile.mkdtemp(prefix="kda-lm-eval-prefix-")
+    with open(os.path.join(work, "data.jsonl"), "w") as f:  # one document: the context and its 8 continuations
+        f.write(json.dumps({"context": context, "choices": [c.strip() or c for c in conts], "label": 0}) + "\n")
+    with open(os.path.join(work, "kda_prefix.yaml"), "w") as f:
+        f.write("task: kda_prefix\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: %s\n"
+                "test_split: test\noutput_type: multiple_choice\ndoc_to_text: \"{{context}}\"\n"
+                "doc_to_choice: \"{{choices}}\"\ndoc_to_target: \"{{label}}\"\nmetric_list:\n  - metric: acc\n"
+                % os.path.join(work, "data.jsonl"))
+
+    def lm_eval_cli(server, tag):
+        out = os.path.join(work, tag)
+        cmd = [sys.executable, "-m", "lm_eval", "--model", "local-completions", "--model_args",
+               f"base_url={server.url}/v1/completions,model=demo,tokenizer_backend=remote,num_concurrent=1,max_retries=1",
+               "--tasks", "kda_prefix", "--include_path", work, "--log_samples", "--output_path", out]
+        r = subprocess.run(cmd, env=lm_env, capture_output=True, text=True, timeout=600, cwd=work)
+        smp = glob.glob(os.path.join(out, "*", "samples_kda_prefix_*.jsonl"))
+        if r.returncode or len(smp) != 1:
+            print((r.stdout + r.stderr)[-2000:])
+            return None
+        return [[float(x[0]) for x in json.loads(l)["filtered_resps"]] for l in open(smp[0])]
+
+    lm_ref = Server(demo, "--prefix-cache", "off")
+    lm_srv = Server(demo)
+    ll_ref, ll = lm_eval_cli(lm_ref, "nocache"), lm_eval_cli(lm_srv, "cache")
+    m_ref, m = requests.get(lm_ref.url + "/metrics").text, requests.get(lm_srv.url + "/metrics").text
+    prompt_ref = metric(m_ref, "kda_prompt_tokens_total")
+    computed = metric(m, "kda_prompt_tokens_total") - metric(m, "kda_prefix_cache_hit_tokens_total")
+    print(f"lm-eval itself: {prompt_ref:.0f} prompt tokens computed without the cache, {computed:.0f} with it")
+    check(ll is not None and ll == ll_ref, "lm-eval (local-completions): the 8 loglikelihoods with the cache equal "
+          "those without it", f"{ll} vs {ll_ref}")
+    check(computed * 6 <= prompt_ref, "lm-eval (local-completions): prompt tokens computed <= 1/6 of the no-cache run",
+          f"{computed} vs {prompt_ref}")
+    lm_srv.stop()
+    lm_ref.stop()
 
 # ---------------------------------------------------------------------------
 # a 10-turn chat resending its history: TTFT of turn 10 within 1.5x of turn 1
