@@ -335,7 +335,7 @@ int pc_echo_write(pc_cache *c, const int32_t *tokens, int n, int r0, int r1, con
         if (!k) return -1;
         for (int i = 0; i < k->len && pos + i <= r1; i++) {
             const int q = pos + i, row = q - 1;
-            if (row < r0) continue;
+            if (row < r0 || k->ntop[i] > n_top) continue; /* keep a record with more alternatives */
             if (n_top > 0 && !k->top_id) {
                 const size_t before = node_bytes(k);
                 if (alloc_tops(k)) return -1;

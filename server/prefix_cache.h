@@ -61,8 +61,9 @@ int pc_insert(pc_cache *c, const int32_t *tokens, int n);
 int pc_store(pc_cache *c, const int32_t *tokens, int n, int snap);
 /* Records rows [r0, r1) of the prompt tokens[0..n): row q's log-prob of
  * tokens[q + 1] at lps[q - r0] and its n_top alternatives at
- * top_ids/top_lps[(q - r0) * n_top]; rows with q + 1 >= n are skipped.
- * n_top <= PC_MAX_TOP. -1: out of memory. */
+ * top_ids/top_lps[(q - r0) * n_top]; rows with q + 1 >= n are skipped, and
+ * so are rows recorded before with more alternatives. n_top <= PC_MAX_TOP.
+ * -1: out of memory. */
 int pc_echo_write(pc_cache *c, const int32_t *tokens, int n, int r0, int r1, const float *lps, int n_top,
                   const int32_t *top_ids, const float *top_lps);
 /* Evicts the least recently used leaf (dropping its snapshot); 0 when the

@@ -168,6 +168,9 @@ static void test_echo_outputs_serve_only_prompts_that_share_them(void **st)
             assert_true(rtl[r * 2 + k] == tl[r * K + k]);
         }
     }
+    /* a later record with fewer alternatives (a /score of the same prompt) keeps the richer one */
+    assert_int_equal(pc_echo_write(c, p, N, 0, N, lps, 0, NULL, NULL), 0);
+    assert_int_equal(pc_lookup(c, p, N, N - 1, K).echo_ok, N - 1);
     /* more alternatives than were recorded: nothing counts as known */
     m = pc_lookup(c, p, N, N - 1, K + 1);
     assert_int_equal(m.echo_ok, 0);
