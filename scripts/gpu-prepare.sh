@@ -2,10 +2,9 @@
 # Run HERE (no GPU needed) before a device call: builds the CUDA release tree and
 # gathers what the GPU machine lacks, so one call can test and benchmark.
 #   .carry/build/ the binaries of a -Dcuda=enabled release build (build-cuda/), in the
-#                 build tree's layout: kda-cli, kda-server, the three GPU test programs
+#                 build tree's layout: kda-cli, kda-server, the two GPU test programs
 #   .carry/lib/   libcjson, libsentencepiece, libmicrohttpd, libgomp (absent there)
 #   .carry/baseline_torch_fla.py   the PyTorch + fla baseline (../shared does not travel)
-#   .carry/llama2-tokenizer.model  for the 1.7B checkpoint kda-server loads (scripts/gpu-prefix.sh)
 #   .whl/         flash-linear-attention + fla-core wheels (pure Python)
 # The whole build tree would not fit the 64 MiB a call may carry; these do (~50 MiB
 # with the working tree). Then: device run with carry [".carry", ".whl"] and the command
@@ -16,21 +15,19 @@ SHARED=${KDA_SHARED:-../shared}
 [ -f build-cuda/build.ninja ] || meson setup build-cuda -Dcuda=enabled -Dbuildtype=release >/dev/null
 ninja -C build-cuda
 rm -rf .carry && mkdir -p .carry/lib
-PROGS="cli/kda-cli server/kda-server tests/kernels/test_kernels tests/kernels/test_cuda_model tests/kernels/test_cuda_prefix"
-for f in $PROGS; do
+for f in cli/kda-cli server/kda-server tests/kernels/test_kernels tests/kernels/test_cuda_model; do
   mkdir -p ".carry/build/$(dirname $f)"
   strip -o ".carry/build/$f" "build-cuda/$f"
 done
-# every shared library of the programs except glibc, the C++ runtime and
+# every shared library of the four programs except glibc, the C++ runtime and
 # CUDA's own (present there): cJSON, cmocka, sentencepiece, libmicrohttpd and
 # what gnutls pulls in (unistring, idn2, nettle, ...), libgomp
-for lib in $(for f in $PROGS; do
+for lib in $(for f in cli/kda-cli server/kda-server tests/kernels/test_kernels tests/kernels/test_cuda_model; do
                  ldd "build-cuda/$f"; done | awk '/=>/ {print $3}' | sort -u \
              | grep -vE '/lib(c|m|dl|pthread|rt|gcc_s|stdc\+\+|cuda|cudart|cublas|cublasLt)\.so'); do
   cp -L "$lib" .carry/lib/
 done
 cp "$SHARED/bench/baseline_torch_fla.py" .carry/
-cp "$SHARED/data/llama2-tokenizer.model" .carry/
 git rev-parse --short HEAD > .carry/commit
 [ -z "$(git status --porcelain --untracked-files=no)" ] || sed -i 's/$/+dirty/' .carry/commit
 if ! ls .whl/flash_linear_attention-0.5.2-*.whl .whl/fla_core-0.5.2-*.whl >/dev/null 2>&1; then
