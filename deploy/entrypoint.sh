@@ -47,6 +47,7 @@ for pair in \
     --threads=KDA_THREADS --max-batch=KDA_MAX_BATCH --max-queue=KDA_MAX_QUEUE \
     --max-seq-len=KDA_MAX_SEQ_LEN --gpu-memory-fraction=KDA_GPU_MEMORY_FRACTION --log-level=KDA_LOG_LEVEL \
     --grace-seconds=KDA_GRACE_SECONDS --api-key-file=KDA_API_KEY_FILE \
+    --prefix-cache=KDA_PREFIX_CACHE --prefix-cache-bytes=KDA_PREFIX_CACHE_BYTES \
     --api-key=KDA_API_KEY
 do
     f=${pair%%=*}

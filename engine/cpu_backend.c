@@ -1,7 +1,16 @@
 /*
  * cpu_backend.c - the CPU reference backend: fp32 math straight from the
- * mmapped weights, exact per-token KDA recurrence for short inputs and the
- * chunked form for long ones (the same function; tests/engine shows it).
+ * mmapped weights, with the exact per-token KDA recurrence for every token.
+ *
+ * Invariant: a sequence's numbers do not depend on how its tokens are split
+ * into steps. Every per-token operation (projections, norms, conv, the KDA
+ * step, attention over positions 0..p, the lm-head) computes each element by
+ * the same code whatever the step's length, so feeding 1000 tokens at once, in
+ * chunks, or after restoring a prefix snapshot gives bit-identical logits.
+ * The prefix cache's exactness rests on this. (The chunked WY form,
+ * kda_chunked_f32, stays in cpu_ops.c as the oracle of a chunked GPU kernel:
+ * its rounding depends on where chunks start, and it is 2.5-4x slower here:
+ * 58 vs 15 us per token and head at K = V = 64, 133 vs 53 at 128.)
  *
  * One step = one forward pass over the tokens of every item, concatenated
  * into N rows: the projections run as one matmul over all N rows (each weight
@@ -27,7 +36,6 @@
 #include "model.h"
 #include "sampling.h"
 
-#define KDA_CHUNK 64        /* chunked form above this many tokens per call (as fla does) */
 #define LOGIT_ROWS 32       /* logits computed this many rows at a time */
 /* Below this many multiply-adds a loop runs on one thread: waking the team
  * costs more than the work (tiny models, single decode tokens). */
@@ -38,7 +46,28 @@ typedef struct {
     float *tail;   /* [n_kda][P][HK + HK + HV*V] conv history, oldest first (P = 0 without conv) */
     float *kc, *vc;/* [n_gqa][cap][Hkv*hd] keys after norm+RoPE, values */
     int ready;
+    /* the snapshot whose rows this slot's first rows are (restored from it or
+     * taken from it), valid while that snapshot's gen is base_gen; -1 none */
+    int base_snap;
+    unsigned base_gen;
 } cpu_slot;
+
+/* KV rows [base, end) of a snapshotted prefix; the rows below base are the
+ * parent's, so snapshots along one conversation share their common rows. */
+typedef struct kv_seg kv_seg;
+struct kv_seg {
+    kv_seg *parent;
+    int refs;      /* snapshots using it as their last segment + child segments */
+    int base, end;
+    float *kv;     /* [n_gqa][2][end - base][Hkv*hd]: keys then values per GQA layer */
+};
+
+typedef struct {
+    float *state;  /* S then tails, as in cpu_slot (allocated on first use) */
+    kv_seg *seg;   /* its rows end here */
+    unsigned gen;  /* bumped at every take and drop */
+    int live;
+} cpu_snap;
 
 /* Small per-layer vectors, converted to fp32 once (NULL when the config has no such tensor). */
 typedef struct {
@@ -71,6 +100,9 @@ typedef struct {
     float *scratch;
     size_t scratch_floats;
     int *off;               /* [max_seqs + 1] row offset of each item */
+    cpu_snap *snaps;        /* [n_snaps] prefix snapshots */
+    int n_snaps;
+    size_t cache_bytes;     /* snapshot states and segments allocated */
     void *sample_work;      /* sampling_work_bytes(vocab), zeroed once */
     /* tuning cpu_bf16_act=1: round activations to bf16 where the CUDA backend
      * stores them in bf16 (GEMM inputs after RMSNorm, KDA/GQA mixer outputs,
@@ -124,8 +156,115 @@ static int cpu_seq_reset(backend *bb, int slot, char *err, size_t errlen)
     }
     memset(s->S, 0, slot_state_floats(b) * sizeof(float));
     memset(s->tail, 0, slot_tail_floats(b) * sizeof(float));
+    s->base_snap = -1;
     return 0;
 }
+
+/* ---- prefix snapshots (engine.h) ---- */
+
+static size_t kv_row_floats(const cpu_backend *b) { return (size_t)b->c->gqa_kvh * b->c->gqa_hd; }
+
+static size_t seg_bytes(const cpu_backend *b, const kv_seg *g)
+{
+    return sizeof *g + (size_t)b->n_gqa * 2 * (size_t)(g->end - g->base) * kv_row_floats(b) * sizeof(float);
+}
+
+static void seg_unref(cpu_backend *b, kv_seg *g)
+{
+    while (g && --g->refs == 0) {
+        kv_seg *parent = g->parent;
+        b->cache_bytes -= seg_bytes(b, g);
+        free(g->kv);
+        free(g);
+        g = parent;
+    }
+}
+
+/* rows [base, end) of every GQA layer between a slot's cache and a segment */
+static void seg_rows(const cpu_backend *b, const kv_seg *g, cpu_slot *s, int to_slot)
+{
+    const size_t KD = kv_row_floats(b), n = (size_t)(g->end - g->base) * KD;
+    for (int l = 0; l < b->n_gqa; l++) {
+        float *kc = s->kc + ((size_t)l * b->cap + g->base) * KD, *vc = s->vc + ((size_t)l * b->cap + g->base) * KD;
+        float *gk = g->kv + (size_t)l * 2 * n, *gv = gk + n;
+        if (to_slot) {
+            memcpy(kc, gk, n * sizeof(float));
+            memcpy(vc, gv, n * sizeof(float));
+        } else {
+            memcpy(gk, kc, n * sizeof(float));
+            memcpy(gv, vc, n * sizeof(float));
+        }
+    }
+}
+
+static int cpu_snap_take(backend *bb, int slot, int n_tokens, int snap, char *err, size_t errlen)
+{
+    cpu_backend *b = (cpu_backend *)bb;
+    cpu_slot *s = &b->slots[slot];
+    cpu_snap *sn = &b->snaps[snap];
+    const size_t sf = slot_state_floats(b), tf = slot_tail_floats(b);
+    if (!sn->state && !(sn->state = malloc((sf + tf) * sizeof(float) + 1))) goto oom;
+    /* the rows this slot shares with the snapshot it continues need no copy */
+    kv_seg *parent = s->base_snap >= 0 && b->snaps[s->base_snap].live && b->snaps[s->base_snap].gen == s->base_gen
+                         ? b->snaps[s->base_snap].seg : NULL;
+    kv_seg *g = parent;
+    if (!parent || parent->end < n_tokens) {
+        if (!(g = calloc(1, sizeof *g))) goto oom;
+        g->base = parent ? parent->end : 0;
+        g->end = n_tokens;
+        const size_t floats = (size_t)b->n_gqa * 2 * (size_t)(g->end - g->base) * kv_row_floats(b);
+        if (!(g->kv = malloc(floats * sizeof(float) + 1))) {
+            free(g);
+            goto oom;
+        }
+        seg_rows(b, g, s, 0);
+        g->parent = parent;
+        if (parent) parent->refs++;
+        b->cache_bytes += seg_bytes(b, g);
+    }
+    g->refs++;
+    memcpy(sn->state, s->S, sf * sizeof(float));
+    memcpy(sn->state + sf, s->tail, tf * sizeof(float));
+    sn->seg = g;
+    sn->live = 1;
+    sn->gen++;
+    b->cache_bytes += (sf + tf) * sizeof(float);
+    s->base_snap = snap;
+    s->base_gen = sn->gen;
+    return 0;
+oom:
+    snprintf(err, errlen, "out of host memory for a snapshot of %d tokens", n_tokens);
+    return KDA_ENOMEM;
+}
+
+static int cpu_snap_restore(backend *bb, int snap, int slot, int n_tokens, const int32_t *hist, char *err,
+                            size_t errlen)
+{
+    (void)n_tokens, (void)hist, (void)err, (void)errlen;
+    cpu_backend *b = (cpu_backend *)bb;
+    cpu_slot *s = &b->slots[slot];
+    cpu_snap *sn = &b->snaps[snap];
+    const size_t sf = slot_state_floats(b), tf = slot_tail_floats(b);
+    memcpy(s->S, sn->state, sf * sizeof(float));
+    memcpy(s->tail, sn->state + sf, tf * sizeof(float));
+    for (const kv_seg *g = sn->seg; g; g = g->parent) seg_rows(b, g, s, 1);
+    s->base_snap = snap;
+    s->base_gen = sn->gen;
+    return 0;
+}
+
+static void cpu_snap_drop(backend *bb, int snap)
+{
+    cpu_backend *b = (cpu_backend *)bb;
+    cpu_snap *sn = &b->snaps[snap];
+    seg_unref(b, sn->seg);
+    sn->seg = NULL;
+    sn->live = 0;
+    sn->gen++;
+    b->cache_bytes -= (slot_state_floats(b) + slot_tail_floats(b)) * sizeof(float);
+}
+
+static size_t cpu_cache_bytes(const backend *bb) { return ((const cpu_backend *)bb)->cache_bytes; }
 
 static float *scratch_get(cpu_backend *b, size_t floats)
 {
@@ -225,11 +364,7 @@ static void kda_layer_forward(cpu_backend *b, int li, const step_item *items, in
         const float *qh = q + r0 * HK + (size_t)hq * K, *kh = k + r0 * HK + (size_t)hq * K;
         const float *gh = gk + r0 * HVK + (size_t)h * K, *vh = v + r0 * HVV + (size_t)h * V;
         float *oh = o + r0 * HVV + (size_t)h * V;
-        if (T > KDA_CHUNK)
-            kda_chunked_strided_f32(S, qh, kh, vh, gh, bt + r0 * HV + h, oh, T, K, V, HK, HVK, HVV, HV, HVV,
-                                    KDA_CHUNK);
-        else
-            kda_recurrent_strided_f32(S, qh, kh, vh, gh, bt + r0 * HV + h, oh, T, K, V, HK, HVK, HVV, HV, HVV);
+        kda_recurrent_strided_f32(S, qh, kh, vh, gh, bt + r0 * HV + h, oh, T, K, V, HK, HVK, HVV, HV, HVV);
     }
 
     /* gated output norm: RMSNorm(o_h) * sigmoid(G_h) */
@@ -514,6 +649,11 @@ static void cpu_destroy(backend *bb)
             free(v->gate_bias), free(v->up_bias), free(v->down_bias);
             free(v->ar_attn_q), free(v->ar_attn_w), free(v->ar_mlp_q), free(v->ar_mlp_w);
         }
+    for (int i = 0; b->snaps && i < b->n_snaps; i++) {
+        if (b->snaps[i].live) seg_unref(b, b->snaps[i].seg);
+        free(b->snaps[i].state);
+    }
+    free(b->snaps);
     free(b->vec);
     free(b->final_norm);
     free(b->ar_final_q), free(b->ar_final_w);
@@ -549,6 +689,17 @@ int cpu_backend_create(backend **out, const backend_params *p, char *err, size_t
     b->base.kv_pool_bytes = (size_t)b->max_seqs * 2 * slot_kv_floats(b) * sizeof(float);
     b->base.state_pool_bytes = (size_t)b->max_seqs * (slot_state_floats(b) + slot_tail_floats(b)) * sizeof(float);
     b->base.max_full_context_seqs = b->max_seqs;
+    if (p->max_snaps > 0) {
+        b->snaps = calloc((size_t)p->max_snaps, sizeof *b->snaps);
+        if (!b->snaps) goto oom;
+        b->n_snaps = p->max_snaps;
+        b->base.n_snaps = p->max_snaps;
+        b->base.snap_state_bytes = (slot_state_floats(b) + slot_tail_floats(b)) * sizeof(float);
+        b->base.snap_take = cpu_snap_take;
+        b->base.snap_restore = cpu_snap_restore;
+        b->base.snap_drop = cpu_snap_drop;
+        b->base.cache_bytes = cpu_cache_bytes;
+    }
     b->slots = calloc((size_t)b->max_seqs, sizeof *b->slots);
     b->vec = calloc((size_t)c->n_layers, sizeof *b->vec);
     b->final_norm = vec_dup(&p->w->final_norm);

@@ -21,6 +21,17 @@ typedef struct {
     int failed;  /* a device error hit a step of this sequence: its state is unknown */
 } seq_entry;
 
+/* A prefix snapshot as the engine sees it; the state and KV are the backend's. */
+typedef struct {
+    int in_use;
+    int len;         /* tokens */
+    int32_t *tokens; /* [len] its token history (restores copy it into the sequence) */
+} snap_entry;
+
+/* Snapshot slots at most, whatever the byte budget (the tiny test models'
+ * states are a few KiB). */
+#define KDA_MAX_SNAPSHOTS 4096
+
 struct kda_engine {
     model_config cfg;
     st_set *st;
@@ -34,6 +45,8 @@ struct kda_engine {
     int stamp;
     int32_t *hist;       /* [max_seqs][max_seq_len] every token fed to each sequence */
     int bad_item;        /* the item a refused step failed on, -1 = none */
+    snap_entry *snaps;   /* [n_snaps] prefix snapshots */
+    int n_snaps;
 };
 
 const char *kda_strerror(int code)
@@ -194,8 +207,12 @@ int kda_engine_open(kda_engine **out, const kda_engine_opts *o, char *err, size_
         goto fail;
     }
 
+    if (o->snapshot_bytes && e->info.state_bytes_per_seq) {
+        size_t n = o->snapshot_bytes / e->info.state_bytes_per_seq;
+        e->n_snaps = n > KDA_MAX_SNAPSHOTS ? KDA_MAX_SNAPSHOTS : (int)n;
+    }
     backend_params bp = {
-        .cfg = &e->cfg, .w = &e->w, .max_seqs = e->max_seqs, .max_seq_len = cap,
+        .cfg = &e->cfg, .w = &e->w, .max_seqs = e->max_seqs, .max_seq_len = cap, .max_snaps = e->n_snaps,
         .threads = o->threads, .gpu_mem_fraction = o->gpu_mem_fraction > 0 ? o->gpu_mem_fraction : 0.9,
         .verbose = o->verbose,
     };
@@ -219,6 +236,14 @@ int kda_engine_open(kda_engine **out, const kda_engine_opts *o, char *err, size_
     e->info.max_full_context_seqs = e->be->max_full_context_seqs;
     e->info.pass_rows = e->be->pass_rows;
     if (e->be->kv_bytes_per_token) e->info.kv_bytes_per_token = e->be->kv_bytes_per_token;
+    e->n_snaps = e->be->snap_take ? e->be->n_snaps : 0;
+    e->info.max_snapshots = e->n_snaps;
+    e->info.snapshot_bytes_each = e->be->snap_state_bytes;
+    if (e->n_snaps && !(e->snaps = calloc((size_t)e->n_snaps, sizeof *e->snaps))) {
+        snprintf(err, errlen, "out of memory");
+        rc = KDA_ENOMEM;
+        goto fail;
+    }
     *out = e;
     return 0;
 fail:
@@ -230,6 +255,8 @@ void kda_engine_close(kda_engine *e)
 {
     if (!e) return;
     if (e->be) e->be->destroy(e->be);
+    for (int i = 0; e->snaps && i < e->n_snaps; i++) free(e->snaps[i].tokens);
+    free(e->snaps);
     weights_free(&e->w);
     st_close(e->st);
     free(e->seqs);
@@ -297,7 +324,11 @@ void kda_engine_usage(const kda_engine *e, kda_usage *u)
         for (int i = 0; i < e->max_seqs; i++)
             if (e->seqs[i].in_use) kv_used += (size_t)e->seqs[i].pos * e->info.kv_bytes_per_token;
     }
+    int snaps = 0;
+    for (int i = 0; i < e->n_snaps; i++) snaps += e->snaps[i].in_use;
     *u = (kda_usage){
+        .snaps_used = snaps, .snaps_total = e->n_snaps,
+        .cache_bytes = e->be->cache_bytes ? e->be->cache_bytes(e->be) : 0,
         .seqs_used = used, .seqs_total = e->max_seqs,
         .kv_bytes_used = kv_used, .kv_bytes_total = e->info.kv_pool_bytes,
         .state_bytes_used = (size_t)used * e->info.state_bytes_per_seq,
@@ -422,4 +453,81 @@ int kda_engine_step(kda_engine *e, kda_batch_item *items, int n, char *err, size
     }
     for (int i = 0; i < n; i++) e->seqs[items[i].seq].pos += items[i].n_tokens;
     return 0;
+}
+
+/* ---- prefix snapshots ---- */
+
+static int snap_live(const kda_engine *e, int id) { return id >= 0 && id < e->n_snaps && e->snaps[id].in_use; }
+
+int kda_snapshot_take(kda_engine *e, int id, int *snap_id, char *err, size_t errlen)
+{
+    if (!live(e, id) || e->seqs[id].failed || e->seqs[id].pos < 1) {
+        snprintf(err, errlen, "sequence %d cannot be snapshotted (not live, failed or empty)", id);
+        return KDA_EINVAL;
+    }
+    int k = 0;
+    while (k < e->n_snaps && e->snaps[k].in_use) k++;
+    if (k == e->n_snaps) {
+        snprintf(err, errlen, "all %d snapshot slots are in use", e->n_snaps);
+        return KDA_ENOMEM;
+    }
+    const int n = e->seqs[id].pos;
+    snap_entry *sn = &e->snaps[k];
+    int32_t *toks = realloc(sn->tokens, (size_t)n * sizeof *toks);
+    if (!toks) {
+        snprintf(err, errlen, "out of host memory for a snapshot of %d tokens", n);
+        return KDA_ENOMEM;
+    }
+    sn->tokens = toks;
+    int rc = e->be->snap_take(e->be, id, n, k, err, errlen);
+    if (rc) return rc;
+    memcpy(toks, e->hist + (size_t)id * e->info.max_seq_len, (size_t)n * sizeof *toks);
+    sn->len = n;
+    sn->in_use = 1;
+    *snap_id = k;
+    return 0;
+}
+
+int kda_seq_restore(kda_engine *e, int id, int snap_id, const int32_t *tokens, int n_tokens, char *err,
+                    size_t errlen)
+{
+    if (!live(e, id) || e->seqs[id].failed || e->seqs[id].pos != 0) {
+        snprintf(err, errlen, "sequence %d is not a live empty sequence", id);
+        return KDA_EINVAL;
+    }
+    if (!snap_live(e, snap_id)) {
+        snprintf(err, errlen, "no snapshot %d", snap_id);
+        return KDA_EINVAL;
+    }
+    const snap_entry *sn = &e->snaps[snap_id];
+    if (!tokens || n_tokens < sn->len || memcmp(tokens, sn->tokens, (size_t)sn->len * sizeof *tokens)) {
+        snprintf(err, errlen, "snapshot %d (%d tokens) is not a prefix of the given %d tokens", snap_id, sn->len,
+                 n_tokens);
+        return KDA_EINVAL;
+    }
+    int32_t *h = e->hist + (size_t)id * e->info.max_seq_len;
+    int rc = e->be->snap_restore(e->be, snap_id, id, sn->len, sn->tokens, err, errlen);
+    if (rc) {
+        if (rc != KDA_ENOMEM) e->seqs[id].failed = 1;
+        return rc;
+    }
+    memcpy(h, sn->tokens, (size_t)sn->len * sizeof *h);
+    e->seqs[id].pos = sn->len;
+    return 0;
+}
+
+void kda_snapshot_drop(kda_engine *e, int snap_id)
+{
+    if (!snap_live(e, snap_id)) return;
+    e->be->snap_drop(e->be, snap_id);
+    e->snaps[snap_id].in_use = 0;
+}
+
+int kda_snapshot_len(const kda_engine *e, int snap_id) { return snap_live(e, snap_id) ? e->snaps[snap_id].len : KDA_EINVAL; }
+
+int kda_snapshots_free(const kda_engine *e)
+{
+    int n = 0;
+    for (int i = 0; i < e->n_snaps; i++) n += !e->snaps[i].in_use;
+    return n;
 }

@@ -98,6 +98,8 @@ typedef struct {
     const char *config_map; /* optional config map (configs/README.md): a file, or a folder whose
                                *.configmap.json matching config.json's model_type is applied */
     int verbose;            /* print load progress to stderr */
+    size_t snapshot_bytes;  /* prefix snapshots: room for this many bytes of KDA state snapshots
+                               (0 = none; see "prefix snapshots" below) */
 } kda_engine_opts;
 
 /* Immutable description of the loaded model. */
@@ -124,6 +126,8 @@ typedef struct {
     size_t kv_pool_bytes, state_pool_bytes;
     int max_full_context_seqs;
     int pass_rows;             /* rows one forward pass takes at once (CUDA: the prefill pass); 0 = any */
+    int max_snapshots;         /* prefix snapshot slots (kda_engine_opts.snapshot_bytes) */
+    size_t snapshot_bytes_each;/* KDA state of one snapshot as the backend stores it */
 } kda_model_info;
 
 int kda_engine_open(kda_engine **out, const kda_engine_opts *opts, char *err, size_t errlen);
@@ -152,6 +156,9 @@ typedef struct {
     int seqs_used, seqs_total;
     size_t kv_bytes_used, kv_bytes_total;        /* GQA KV cache (CUDA: blocks held or reserved) */
     size_t state_bytes_used, state_bytes_total;  /* KDA recurrent + conv state of live sequences */
+    int snaps_used, snaps_total;                 /* prefix snapshots */
+    size_t cache_bytes;  /* held by snapshots alone: their states plus KV no live sequence holds
+                            (what dropping every snapshot would give back) */
 } kda_usage;
 void kda_engine_usage(const kda_engine *e, kda_usage *u);
 
@@ -245,6 +252,44 @@ typedef struct {
     int steps;
 } kda_prof;
 void kda_engine_prof_take(kda_engine *e, kda_prof *out);
+
+/* ---- prefix snapshots ----
+ * A snapshot freezes a sequence at a token boundary: its KDA recurrent state
+ * and conv tails (which, unlike a KV cache, cannot be cut back to a shorter
+ * prefix), its GQA KV cache for every position and its token history.
+ * Restoring it into a new sequence continues exactly where the original
+ * stood: on the CPU the continuation's numbers are bit-identical to computing
+ * the snapshot's tokens from scratch (step boundaries never change a
+ * sequence's numbers there); on CUDA the state and KV are the same bytes, so
+ * only the continuation's own kernels can differ, within bf16 tolerance.
+ *
+ * Storage: a fixed table of snapshot slots sized at open from
+ * kda_engine_opts.snapshot_bytes (each holds one sequence's KDA state; CUDA
+ * carves them in the device pool). KV is shared, not copied, where it can
+ * be: CUDA snapshots hold references on their KV blocks (a block is freed
+ * when no sequence and no snapshot holds it; a restored sequence shares the
+ * full blocks and copies a partial last one); CPU snapshots keep only the
+ * rows added since the snapshot their sequence continued, and a restore
+ * copies the rows into the sequence's own contiguous cache.
+ *
+ * The engine has no policy: which prefixes to keep, when to take snapshots
+ * and which to drop is the caller's (kda-server's prefix cache). */
+
+/* Snapshot of the sequence as it stands (all kda_seq_len tokens, >= 1).
+ * KDA_ENOMEM when every snapshot slot is taken (drop one) or host memory ran
+ * out; KDA_EINVAL for a bad or failed sequence. */
+int kda_snapshot_take(kda_engine *e, int seq_id, int *snap_id, char *err, size_t errlen);
+/* The new, empty sequence seq_id becomes snapshot snap_id's sequence: its
+ * length and history are the snapshot's, ready for the next token. tokens
+ * [n_tokens] is what the caller believes the prefix is: the snapshot's tokens
+ * must be its first kda_snapshot_len ones (KDA_EINVAL otherwise, nothing
+ * changed), so a wrong index can never produce wrong numbers. KDA_ENOMEM
+ * (CUDA) when no KV block is free for the partial last block. */
+int kda_seq_restore(kda_engine *e, int seq_id, int snap_id, const int32_t *tokens, int n_tokens, char *err,
+                    size_t errlen);
+void kda_snapshot_drop(kda_engine *e, int snap_id);  /* no-op for a free id */
+int kda_snapshot_len(const kda_engine *e, int snap_id); /* tokens, < 0 for a free or bad id */
+int kda_snapshots_free(const kda_engine *e);
 
 #include "kda_rng.h"
 

@@ -238,6 +238,18 @@ struct backend {
     size_t (*kv_bytes_used)(const backend *b);
     /* Optional: engine.h kda_engine_prof_take. */
     void (*prof_take)(backend *b, kda_prof *out);
+    /* Prefix snapshots (engine.h), NULL when the backend has none; snapshot
+     * ids are 0..n_snaps-1 and the engine calls these only with valid ones.
+     * snap_take: snapshot snap (free) of the first n_tokens of slot (which
+     * holds at least that many). snap_restore: slot, freshly reset, becomes
+     * snapshot snap of n_tokens; hist is its token history [n_tokens]; fails
+     * only with KDA_ENOMEM (nothing taken) or KDA_EDEVICE. snap_drop frees
+     * snap. cache_bytes: memory held by snapshots alone (engine.h kda_usage). */
+    int (*snap_take)(backend *b, int slot, int n_tokens, int snap, char *err, size_t errlen);
+    int (*snap_restore)(backend *b, int snap, int slot, int n_tokens, const int32_t *hist, char *err,
+                        size_t errlen);
+    void (*snap_drop)(backend *b, int snap);
+    size_t (*cache_bytes)(const backend *b);
     void (*destroy)(backend *b);
     size_t pool_bytes;
     /* filled by the backend: its KV and state pools, the KV bytes per token
@@ -245,6 +257,8 @@ struct backend {
     size_t kv_pool_bytes, state_pool_bytes, kv_bytes_per_token;
     int max_full_context_seqs;
     int pass_rows;            /* rows of one forward pass (engine.h kda_model_info); 0 = any */
+    int n_snaps;              /* snapshot slots made (<= backend_params.max_snaps) */
+    size_t snap_state_bytes;  /* KDA state of one snapshot as stored */
     const char *device_name;
 };
 
@@ -252,6 +266,7 @@ typedef struct {
     const model_config *cfg;
     const model_weights *w;
     int max_seqs, max_seq_len, threads;
+    int max_snaps;            /* prefix snapshot slots wanted (0 = none) */
     double gpu_mem_fraction;
     kda_tuning tuning;
     int verbose;

@@ -109,7 +109,67 @@ static int cuda_seq_reset(backend *bb, int slot, char *err, size_t errlen)
 static size_t cuda_kv_bytes_used(const backend *bb)
 {
     const cuda_backend *b = (const cuda_backend *)bb;
-    return (size_t)kv_alloc_used(&b->ka) * b->d.block_elems * 2;
+    return (size_t)(kv_alloc_used(&b->ka) - b->ka.n_snap_only) * b->d.block_elems * 2;
+}
+
+/* ---- prefix snapshots (engine.h): the state slot copied on the device, the
+ * KV blocks referenced (kv_alloc), nothing copied back to the host ---- */
+
+static int cuda_snap_take(backend *bb, int slot, int n_tokens, int snap, char *err, size_t errlen)
+{
+    cuda_backend *b = (cuda_backend *)bb;
+    const size_t sf = b->d.slot_floats;
+    CK(cudaMemcpyAsync(b->snap_state + (size_t)snap * sf, b->state + (size_t)slot * sf, sf * sizeof(float),
+                       cudaMemcpyDeviceToDevice, b->st));
+    b->snap_nb[snap] = b->d.n_gqa ? kv_alloc_snap_ref(&b->ka, slot, n_tokens, b->snap_blocks + (size_t)snap * b->d.max_blocks) : 0;
+    b->n_snaps_live++;
+    return 0;
+}
+
+static int cuda_snap_restore(backend *bb, int snap, int slot, int n_tokens, const int32_t *hist, char *err,
+                             size_t errlen)
+{
+    cuda_backend *b = (cuda_backend *)bb;
+    const size_t sf = b->d.slot_floats;
+    if (b->d.n_gqa) {
+        kv_alloc_release(&b->ka, slot);
+        int from, to, last;
+        if (kv_alloc_restore(&b->ka, slot, b->snap_blocks + (size_t)snap * b->d.max_blocks, n_tokens, &from, &to,
+                             &last)) {
+            snprintf(err, errlen, "KV cache full: no block free for the last %d tokens of a %d-token prefix",
+                     n_tokens % KV_BLK, n_tokens);
+            return KDA_ENOMEM;
+        }
+        /* the partial last block is this slot's own copy: it appends there */
+        const size_t blk = b->d.block_elems;
+        if (from >= 0)
+            CK(cudaMemcpyAsync(b->kv + (size_t)to * blk, b->kv + (size_t)from * blk, blk * 2, cudaMemcpyDeviceToDevice,
+                               b->st));
+        int rc = table_upload(b, slot, 0, last, err, errlen);
+        if (rc) return rc;
+    }
+    CK(cudaMemcpyAsync(b->state + (size_t)slot * sf, b->snap_state + (size_t)snap * sf, sf * sizeof(float),
+                       cudaMemcpyDeviceToDevice, b->st));
+    /* the sampler's penalties read the device history */
+    CK(cudaMemcpyAsync(b->d_hist + (size_t)slot * b->d.max_seq_len, hist, (size_t)n_tokens * sizeof(int32_t),
+                       cudaMemcpyHostToDevice, b->st));
+    CK(cudaStreamSynchronize(b->st));
+    return 0;
+}
+
+static void cuda_snap_drop(backend *bb, int snap)
+{
+    cuda_backend *b = (cuda_backend *)bb;
+    kv_alloc_snap_unref(&b->ka, b->snap_blocks + (size_t)snap * b->d.max_blocks, b->snap_nb[snap]);
+    b->snap_nb[snap] = 0;
+    b->n_snaps_live--;
+}
+
+static size_t cuda_cache_bytes(const backend *bb)
+{
+    const cuda_backend *b = (const cuda_backend *)bb;
+    return (size_t)b->n_snaps_live * b->d.slot_floats * sizeof(float) +
+           (size_t)b->ka.n_snap_only * b->d.block_elems * 2;
 }
 
 static void cuda_destroy(backend *bb)
@@ -128,6 +188,8 @@ static void cuda_destroy(backend *bb)
     cudaFree(b->pool);
     cudaFreeHost(b->h_meta);
     kv_alloc_free(&b->ka);
+    free(b->snap_blocks);
+    free(b->snap_nb);
     free(b->row_item);
     free(b->done);
     free(b->split_items);
@@ -167,6 +229,7 @@ static void carve(cuda_backend *b)
         }
     }
     b->state = AT(float, lo->state);
+    b->snap_state = AT(float, lo->snap_state);
     b->h = AT(float, lo->h), b->proj = AT(float, lo->proj), b->q = AT(float, lo->q);
     b->lowrank = AT(float, lo->lowrank), b->opart = AT(float, lo->opart), b->ml = AT(float, lo->ml);
     b->logits = AT(float, lo->logits), b->lse = AT(float, lo->lse), b->tlp = AT(float, lo->tlp);
@@ -296,12 +359,12 @@ static void report(const cuda_backend *b)
     const int full = d->n_gqa ? lo->n_blocks / d->max_blocks : d->max_seqs;
     fprintf(stderr,
             "cuda: %s, pool %zu MiB: weights %zu MiB, KV %zu MiB (%d blocks x %d tokens, %zu KiB/token), "
-            "KDA state %zu MiB (%d slots x %.1f MiB), activations %zu MiB (%d rows); "
+            "KDA state %zu MiB (%d slots x %.1f MiB), prefix snapshots %zu MiB (%d slots), activations %zu MiB (%d rows); "
             "max concurrent sequences at full context (%d tokens): %d; gemv<=%d rows, graphs %s, pdl %s, "
             "cuBLASLt plans %s, KDA kernel %s, prefill %s (%d rows per pass)\n",
             b->devname, lo->total >> 20, lo->weight_bytes >> 20, lo->kv_bytes >> 20, lo->n_blocks, KV_BLK,
             d->n_gqa ? d->block_elems * 2 / KV_BLK / 1024 : 0, lo->state_bytes >> 20, d->max_seqs,
-            d->slot_floats * 4 / 1048576.0, lo->act_bytes >> 20, d->TM, d->max_seq_len,
+            d->slot_floats * 4 / 1048576.0, lo->snap_bytes >> 20, d->n_snaps, lo->act_bytes >> 20, d->TM, d->max_seq_len,
             full < d->max_seqs ? full : d->max_seqs, b->tn.gemv_max_t, b->tn.graphs ? "on" : "off",
             b->tn.pdl ? "on" : "off", b->glt ? "on" : "off", b->tn.kda_tiled ? "tiled" : "block per head",
             b->fast_prefill ? "chunked KDA + flash attention" : "per-token kernels", d->PM);
@@ -343,6 +406,16 @@ int cuda_backend_create(backend **out, const backend_params *p, char *err, size_
                                   : kc_kda_chunk_workspace(d->PM, d->max_seqs, d->H, d->K, d->V);
         if (b->fast_prefill && d->n_gqa)
             d->attn_prefill_ws = kc_attn_prefill_workspace(d->PM, d->max_seqs, d->Hq, d->hd, d->max_seq_len);
+    }
+    b->d.n_snaps = p->max_snaps;
+    if (b->d.n_snaps) {
+        b->snap_blocks = (int32_t *)calloc((size_t)b->d.n_snaps * b->d.max_blocks + 1, sizeof(int32_t));
+        b->snap_nb = (int *)calloc((size_t)b->d.n_snaps, sizeof(int));
+        if (!b->snap_blocks || !b->snap_nb) {
+            rc = KDA_ENOMEM;
+            snprintf(err, errlen, "out of host memory");
+            goto fail;
+        }
     }
     b->lw = (cu_layer *)calloc((size_t)c->n_layers, sizeof(cu_layer));
     if (!b->lw) {
@@ -438,6 +511,14 @@ int cuda_backend_create(backend **out, const backend_params *p, char *err, size_
     b->base.seq_reserve = cuda_seq_reserve;
     b->base.step = cu_step;
     b->base.kv_bytes_used = cuda_kv_bytes_used;
+    if (b->d.n_snaps) {
+        b->base.n_snaps = b->d.n_snaps;
+        b->base.snap_state_bytes = b->d.slot_floats * sizeof(float);
+        b->base.snap_take = cuda_snap_take;
+        b->base.snap_restore = cuda_snap_restore;
+        b->base.snap_drop = cuda_snap_drop;
+        b->base.cache_bytes = cuda_cache_bytes;
+    }
     b->base.pool_bytes = b->lo.total;
     b->base.kv_pool_bytes = b->lo.kv_bytes;
     b->base.state_pool_bytes = b->lo.state_bytes;

@@ -9,7 +9,9 @@
  *
  * Invariants: slot s's KDA state and token history are only written by rows
  * of slot s; padding rows carry slot -1 and no kernel touches any state for
- * them; a KV block belongs to at most one slot.
+ * them; a KV block is written only by the slot that holds it at that
+ * position: blocks shared with prefix snapshots are read-only to everyone
+ * else (cuda_plan.h kv_alloc).
  */
 #ifndef KDA_CUDA_INTERNAL_H
 #define KDA_CUDA_INTERNAL_H
@@ -85,6 +87,11 @@ typedef struct {
     int32_t *d_table;          /* [max_seqs, max_blocks] device mirror of ka.table */
     int32_t *d_hist;           /* [max_seqs, max_seq_len] every token fed to each slot */
     kv_alloc ka;
+    /* prefix snapshots: state slots in the pool, KV blocks by reference */
+    float *snap_state;         /* [n_snaps][slot_floats] */
+    int32_t *snap_blocks;      /* host [n_snaps][max_blocks] the KV blocks each snapshot references */
+    int *snap_nb;              /* host [n_snaps] how many (0 = free) */
+    int n_snaps_live;
     /* activations (device) */
     float *h, *proj, *q, *opart, *ml, *logits, *lse, *tlp, *lowrank;
     uint16_t *xn, *act, *ybuf, *lowin;

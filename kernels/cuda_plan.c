@@ -117,6 +117,8 @@ void cp_layout_compute(cp_layout *lo, const cp_dims *d, const model_config *c, i
     lo->weights_end = lo->weight_bytes = o;
     lo->state = take(&o, d->slot_floats * 4 * (size_t)d->max_seqs);
     lo->state_bytes = o - lo->state;
+    lo->snap_state = take(&o, d->slot_floats * 4 * (size_t)d->n_snaps);
+    lo->snap_bytes = o - lo->snap_state;
     const size_t mark = o;
     lo->h = take(&o, PM * D * 4);
     lo->proj = take(&o, PM * d->ldp * 4);
@@ -160,9 +162,10 @@ int cp_layout_fit(cp_layout *lo, const cp_dims *d, const model_config *c, size_t
     const size_t fixed = lo->total;
     if (fixed > budget) {
         snprintf(err, errlen,
-                 "CUDA pool: weights %zu MiB + state %zu MiB + activations %zu MiB exceed the budget of %zu MiB; "
-                 "lower --max-seqs or raise the memory fraction",
-                 lo->weight_bytes >> 20, lo->state_bytes >> 20, lo->act_bytes >> 20, budget >> 20);
+                 "CUDA pool: weights %zu MiB + state %zu MiB + prefix snapshots %zu MiB + activations %zu MiB exceed "
+                 "the budget of %zu MiB; lower --max-seqs or --prefix-cache-bytes, or raise the memory fraction",
+                 lo->weight_bytes >> 20, lo->state_bytes >> 20, lo->snap_bytes >> 20, lo->act_bytes >> 20,
+                 budget >> 20);
         return KDA_ENOMEM;
     }
     const size_t block_bytes = d->block_elems * 2;
@@ -197,7 +200,9 @@ int kv_alloc_init(kv_alloc *a, int n_blocks, int max_seqs, int max_blocks)
     a->table = calloc((size_t)max_seqs * max_blocks + 1, sizeof *a->table);
     a->nblk = calloc((size_t)max_seqs, sizeof *a->nblk);
     a->free_list = malloc(((size_t)n_blocks + 1) * sizeof *a->free_list);
-    if (!a->table || !a->nblk || !a->free_list) {
+    a->seq_refs = calloc((size_t)n_blocks + 1, sizeof *a->seq_refs);
+    a->snap_refs = calloc((size_t)n_blocks + 1, sizeof *a->snap_refs);
+    if (!a->table || !a->nblk || !a->free_list || !a->seq_refs || !a->snap_refs) {
         kv_alloc_free(a);
         return KDA_ENOMEM;
     }
@@ -209,8 +214,25 @@ int kv_alloc_init(kv_alloc *a, int n_blocks, int max_seqs, int max_blocks)
 
 void kv_alloc_free(kv_alloc *a)
 {
-    free(a->table), free(a->nblk), free(a->free_list);
+    free(a->table), free(a->nblk), free(a->free_list), free(a->seq_refs), free(a->snap_refs);
     memset(a, 0, sizeof *a);
+}
+
+/* One reference less (from a slot when seq, else a snapshot); the block goes
+ * back to the free list when it was the last. */
+static void block_unref(kv_alloc *a, int32_t b, int seq)
+{
+    if (seq) {
+        if (--a->seq_refs[b] == 0 && a->snap_refs[b] > 0) a->n_snap_only++;
+    } else {
+        if (--a->snap_refs[b] == 0 && a->seq_refs[b] == 0) a->n_snap_only--;
+    }
+    if (a->seq_refs[b] == 0 && a->snap_refs[b] == 0) a->free_list[a->n_free++] = b;
+}
+
+static void seq_ref(kv_alloc *a, int32_t b)
+{
+    if (a->seq_refs[b]++ == 0 && a->snap_refs[b] > 0) a->n_snap_only--;
 }
 
 int kv_alloc_reserve(kv_alloc *a, int slot, int n_tokens, int *first, int *last)
@@ -220,7 +242,11 @@ int kv_alloc_reserve(kv_alloc *a, int slot, int n_tokens, int *first, int *last)
     if (want <= a->nblk[slot]) return 0;
     if (want > a->max_blocks || want - a->nblk[slot] > a->n_free) return KDA_ENOMEM;
     int32_t *row = a->table + (size_t)slot * a->max_blocks;
-    while (a->nblk[slot] < want) row[a->nblk[slot]++] = a->free_list[--a->n_free];
+    while (a->nblk[slot] < want) {
+        const int32_t b = a->free_list[--a->n_free];
+        a->seq_refs[b] = 1;
+        row[a->nblk[slot]++] = b;
+    }
     *last = want;
     return 0;
 }
@@ -228,11 +254,52 @@ int kv_alloc_reserve(kv_alloc *a, int slot, int n_tokens, int *first, int *last)
 void kv_alloc_release(kv_alloc *a, int slot)
 {
     const int32_t *row = a->table + (size_t)slot * a->max_blocks;
-    for (int i = 0; i < a->nblk[slot]; i++) a->free_list[a->n_free++] = row[i];
+    for (int i = 0; i < a->nblk[slot]; i++) block_unref(a, row[i], 1);
     a->nblk[slot] = 0;
 }
 
 int kv_alloc_used(const kv_alloc *a) { return a->n_blocks - a->n_free; }
+
+int kv_alloc_snap_ref(kv_alloc *a, int slot, int n_tokens, int32_t *blocks)
+{
+    const int n = (n_tokens + KV_BLK - 1) / KV_BLK;
+    const int32_t *row = a->table + (size_t)slot * a->max_blocks;
+    for (int i = 0; i < n; i++) {
+        const int32_t b = row[i];
+        a->snap_refs[b]++;
+        blocks[i] = b;
+    }
+    return n;
+}
+
+void kv_alloc_snap_unref(kv_alloc *a, const int32_t *blocks, int n)
+{
+    for (int i = 0; i < n; i++) block_unref(a, blocks[i], 0);
+}
+
+int kv_alloc_restore(kv_alloc *a, int slot, const int32_t *blocks, int n_tokens, int *copy_from, int *copy_to,
+                     int *last)
+{
+    const int full = n_tokens / KV_BLK, partial = n_tokens % KV_BLK != 0;
+    *copy_from = *copy_to = -1;
+    *last = 0;
+    if (partial && a->n_free == 0) return KDA_ENOMEM;
+    int32_t *row = a->table + (size_t)slot * a->max_blocks;
+    for (int i = 0; i < full; i++) {
+        seq_ref(a, blocks[i]);
+        row[i] = blocks[i];
+    }
+    a->nblk[slot] = full;
+    if (partial) {
+        const int32_t b = a->free_list[--a->n_free];
+        a->seq_refs[b] = 1;
+        row[a->nblk[slot]++] = b;
+        *copy_from = blocks[full];
+        *copy_to = b;
+    }
+    *last = a->nblk[slot];
+    return 0;
+}
 
 /* ---- step packing ---- */
 

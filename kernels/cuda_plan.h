@@ -36,6 +36,7 @@ typedef struct {
     int ldp;                                      /* row stride of the projection buffer */
     int ycols;                                    /* widest mixer output (HV or Hq*hd) */
     int max_seqs, max_seq_len;
+    int n_snaps;                                  /* prefix snapshot state slots (set after cp_dims_init; 0 = none) */
     int TM;                                       /* decode rows (>= max_seqs, power of two): graph buckets, logits blocks */
     int PM;                                       /* rows per prefill pass (>= TM) */
     size_t kda_chunk_ws, attn_prefill_ws;         /* prefill kernels' workspaces (set by the executor; 0 = none) */
@@ -66,6 +67,7 @@ typedef struct {
     size_t embed, lm_head, final_norm;
     size_t weights_end;                   /* weights occupy [0, weights_end) */
     size_t state;                         /* [max_seqs][slot_floats] fp32 */
+    size_t snap_state;                    /* [n_snaps][slot_floats] fp32: prefix snapshots */
     size_t h, proj, q, lowrank, opart, ml, logits, lse, tlp, xn, act, ybuf; /* activations */
     size_t lowin, kda_ws, attn_ws;        /* prefill: f0|g0 as bf16 [PM, 2R]; kernel workspaces */
     size_t meta, sample_params, hist, scratch, tok, lp, top, toplp, ptop, ptoplp, bias, table;
@@ -73,7 +75,7 @@ typedef struct {
     size_t act_end;                       /* everything but the KV blocks: [0, act_end) */
     size_t kv;                            /* [n_blocks][n_gqa][K|V][Hkv][KV_BLK][hd] bf16 */
     size_t total;                         /* pool bytes */
-    size_t weight_bytes, state_bytes, act_bytes, kv_bytes;
+    size_t weight_bytes, state_bytes, snap_bytes, act_bytes, kv_bytes;
     int n_blocks;
 } cp_layout;
 
@@ -98,13 +100,22 @@ void cp_layout_compute(cp_layout *lo, const cp_dims *d, const model_config *c, i
 int cp_layout_fit(cp_layout *lo, const cp_dims *d, const model_config *c, size_t budget, char *err,
                   size_t errlen);
 
-/* ---- KV block allocator ---- */
+/* ---- KV block allocator ----
+ * Blocks are held by slots (their tables) and by prefix snapshots (the blocks
+ * of the prefix they froze); a block is free when nobody holds it. Sharing
+ * needs no copy-on-write because every holder reads only rows below its own
+ * length and nobody writes a row another holder reads: a slot appends at its
+ * position, past every snapshot taken from it, and a slot restored from a
+ * snapshot shares only the snapshot's full blocks (its partial last block is
+ * a private copy, kv_alloc_restore). */
 typedef struct {
     int n_blocks, max_seqs, max_blocks;
     int32_t *table;   /* [max_seqs][max_blocks] block ids of each slot, in position order */
     int *nblk;        /* [max_seqs] blocks held */
     int *free_list;   /* [n_blocks] stack of free block ids */
     int n_free;
+    int32_t *seq_refs, *snap_refs; /* [n_blocks] slots / snapshots holding each block */
+    int n_snap_only;  /* blocks held by snapshots alone: the prefix cache's own KV memory */
 } kv_alloc;
 
 int kv_alloc_init(kv_alloc *a, int n_blocks, int max_seqs, int max_blocks);
@@ -114,7 +125,19 @@ void kv_alloc_free(kv_alloc *a);
  * when the free blocks do not suffice (nothing taken). */
 int kv_alloc_reserve(kv_alloc *a, int slot, int n_tokens, int *first, int *last);
 void kv_alloc_release(kv_alloc *a, int slot);
-int kv_alloc_used(const kv_alloc *a); /* blocks held by all slots */
+int kv_alloc_used(const kv_alloc *a); /* blocks held by anyone */
+/* A snapshot of the slot's first n_tokens (which the slot holds): references
+ * its ceil(n_tokens / KV_BLK) first blocks, written to blocks[]; returns how
+ * many. kv_alloc_unref gives a snapshot's references back. */
+int kv_alloc_snap_ref(kv_alloc *a, int slot, int n_tokens, int32_t *blocks);
+void kv_alloc_snap_unref(kv_alloc *a, const int32_t *blocks, int n);
+/* Slot (holding nothing) continues a snapshot of n_tokens whose blocks are
+ * blocks[]: it shares the full ones and takes a fresh block for a partial
+ * last one, whose rows the caller copies from *copy_from into *copy_to (both
+ * -1 when n_tokens is a multiple of KV_BLK). *last = table entries set.
+ * KDA_ENOMEM (nothing taken) when no block is free for the copy. */
+int kv_alloc_restore(kv_alloc *a, int slot, const int32_t *blocks, int n_tokens, int *copy_from, int *copy_to,
+                     int *last);
 
 /* ---- step packing ---- */
 /* Decode step (every item one token): rows 0..n-1 are the items in order,

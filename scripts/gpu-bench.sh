@@ -9,8 +9,11 @@
 #      test_prefill_ops --bench) -> $OUT/kernels-bench.txt;
 #   3. scripts/gpu-serve.sh: kda-server under C = 1/16/64/256 streaming clients
 #      with the engine's rate in the same run, then the burst test
-#      -> $OUT/serve-results.json, $OUT/burst.txt.
-# KDA_BENCH_SKIP="engine kernels serve" skips parts. Logs: $OUT/logs.tgz.
+#      -> $OUT/serve-results.json, $OUT/burst.txt;
+#   4. scripts/bench_prefix.py: the prefix cache on vs off (shared system
+#      prompt under concurrency, lm-eval-style scoring, a 10-turn chat)
+#      -> $OUT/prefix-h200.json.
+# KDA_BENCH_SKIP="engine kernels serve prefix" skips parts. Logs: $OUT/logs.tgz.
 source "$(dirname "$0")/gpu-env.sh"
 export KDA_COMMIT=${KDA_COMMIT:-$(cat .carry/commit 2>/dev/null || echo unknown)}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -39,6 +42,16 @@ if ! skip serve; then
   echo "== gpu-serve.sh"
   KDA_BURST_ROUNDS=${KDA_BURST_ROUNDS:-10} KDA_BURST_BUDGET=${KDA_BURST_BUDGET:-120} OUT_KEEP=1 \
     bash scripts/gpu-serve.sh || rc=1
+fi
+if ! skip prefix; then
+  echo "== bench_prefix (1.7B shape with a byte vocabulary, cuda)"
+  M17S=/tmp/kda-1.7b-bytes
+  [ -f "$M17S/config.json" ] || python3 scripts/gen_checkpoint.py "$M17S" --preset 1.7b --vocab 256 --tokenizer bytes \
+    > "$LOG/gen-bytes.txt" 2>&1
+  timeout ${KDA_BENCH_PREFIX_S:-200} python3 scripts/bench_prefix.py --server $B/server/kda-server --model "$M17S" \
+    --device cuda --concurrent 64 --system-tokens 2000 --suffix-tokens 32 --max-tokens 32 --context-tokens 1024 \
+    --chat-system-tokens 500 --chat-user-tokens 60 --chat-reply-tokens 32 --log-dir "$LOG" \
+    --out "$OUT/prefix-h200.json" 2>&1 | tail -25 || rc=1
 fi
 tar czf "$OUT/logs.tgz" -C /tmp kda-logs
 exit $rc

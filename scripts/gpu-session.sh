@@ -7,7 +7,8 @@
 #           1.7B case (test_cuda_model) and a kda-server --device cuda smoke
 #           test (greedy output equals kda-cli on the CPU, JSON and SSE);
 #   lane 2  compute-sanitizer (memcheck on the three kernel tests, racecheck on
-#           the chunked KDA and prefill attention kernels' small cases);
+#           the chunked KDA and prefill attention kernels' small cases;
+#           KDA_SESSION_SANITIZE=0 skips it);
 #   lane 3  checkpoints written by fla / transformers themselves with fla's
 #           fp32 log-probs (scripts/make_fla_fixtures.py; KDA_SESSION_FIXTURES=0
 #           skips it).
@@ -75,6 +76,7 @@ PY
 }
 
 lane2() {
+  [ "${KDA_SESSION_SANITIZE:-1}" = 1 ] || return 0
   step 2 memcheck_kda_chunk 150 "$LOG/memcheck_kda_chunk.txt" env KDA_CHUNK_TEST_QUICK=1 \
     compute-sanitizer --tool memcheck --leak-check no --error-exitcode 3 $B/tests/kernels/test_kda_chunk
   grep -m3 -E "ERROR SUMMARY|Invalid" "$LOG/memcheck_kda_chunk.txt" >> "$S"

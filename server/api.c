@@ -275,6 +275,16 @@ static int encode(const api_ctx *ctx, const char *text, int add_bos, int32_t **i
     return 0;
 }
 
+/* "cache_prompt": false bypasses the prefix cache for every task of the
+ * request (the llama.cpp server's name for the same switch). */
+static int read_cache_prompt(const cJSON *o, api_job *j, api_error *e)
+{
+    int on = 1;
+    if (get_bool(o, "cache_prompt", &on, e)) return -1;
+    for (int i = 0; i < j->client->n_tasks; i++) j->client->tasks[i].no_cache = !on;
+    return 0;
+}
+
 /* ---- generation parameters shared by /generate and /v1/completions ---- */
 
 typedef struct {
@@ -598,6 +608,7 @@ static int parse_generate(const api_ctx *ctx, const cJSON *o, api_job *j, api_er
     task->logprobs = j->logprobs;
     task->n_top = j->n_top;
     if (copy_prompt(task, in) || copy_stops_and_bias(task, &g)) { fail(e, 500, "out of memory"); goto out; }
+    if (read_cache_prompt(o, j, e)) goto out;
     rc = 0;
 out:
     gen_params_free(&g);
@@ -646,6 +657,7 @@ static int parse_score(const api_ctx *ctx, const cJSON *o, api_job *j, api_error
         t->prompt_logprobs = 1;
         if (copy_prompt(t, &ins[i])) { fail(e, 500, "out of memory"); goto out; }
     }
+    if (read_cache_prompt(o, j, e)) goto out;
     rc = 0;
 out:
     inputs_free(ins, n);
@@ -724,6 +736,7 @@ static int parse_completions(const api_ctx *ctx, const cJSON *o, api_job *j, api
             if (copy_prompt(t, &ins[i]) || copy_stops_and_bias(t, &g)) { fail(e, 500, "out of memory"); goto out; }
         }
     }
+    if (read_cache_prompt(o, j, e)) goto out;
     rc = 0;
 out:
     gen_params_free(&g);
@@ -885,6 +898,7 @@ static int parse_chat(const api_ctx *ctx, const cJSON *o, api_job *j, api_error 
         t->n_top = j->n_top;
         if (copy_prompt(t, in) || copy_stops_and_bias(t, &g)) { fail(e, 500, "out of memory"); goto out; }
     }
+    if (read_cache_prompt(o, j, e)) goto out;
     rc = 0;
 out:
     free(text);
@@ -974,12 +988,15 @@ static void add_u53(cJSON *o, const char *name, uint64_t v)
     cJSON_AddRawToObject(o, name, buf);
 }
 
-static cJSON *usage(long prompt, long completion)
+/* cached: prompt tokens served from the prefix cache rather than computed
+ * (OpenAI's usage.prompt_tokens_details.cached_tokens) */
+static cJSON *usage(long prompt, long completion, long cached)
 {
     cJSON *u = cJSON_CreateObject();
     cJSON_AddNumberToObject(u, "prompt_tokens", (double)prompt);
     cJSON_AddNumberToObject(u, "completion_tokens", (double)completion);
     cJSON_AddNumberToObject(u, "total_tokens", (double)(prompt + completion));
+    cJSON_AddNumberToObject(cJSON_AddObjectToObject(u, "prompt_tokens_details"), "cached_tokens", (double)cached);
     return u;
 }
 
@@ -1129,11 +1146,12 @@ static void add_choice_text(cJSON *ch, const char *name, const char *echo, const
     free(text);
 }
 
-static void usage_totals(const api_job *j, long *np, long *ng)
+/* a prompt counts once, and its cached tokens as its first choice got them */
+static void usage_totals(const api_job *j, long *np, long *ng, long *nc)
 {
-    *np = *ng = 0;
+    *np = *ng = *nc = 0;
     for (int i = 0; i < j->client->n_tasks; i++) {
-        if (i % j->n == 0) *np += j->client->tasks[i].n_prompt;
+        if (i % j->n == 0) *np += j->client->tasks[i].n_prompt, *nc += j->client->tasks[i].n_cached;
         *ng += j->client->tasks[i].n_gen;
     }
 }
@@ -1181,12 +1199,12 @@ char *api_render(api_job *j, int *status, size_t *len)
         cJSON_AddItemToObject(o, "tokens", int_array(t->out.ids, t->out.n));
         cJSON_AddStringToObject(o, "finish_reason", finish_name(j->kind, t->finish));
         if (j->logprobs) cJSON_AddItemToObject(o, "logprobs", generate_logprobs(&t->out, t->n_top));
-        cJSON_AddItemToObject(o, "usage", usage(t->n_prompt, t->n_gen));
+        cJSON_AddItemToObject(o, "usage", usage(t->n_prompt, t->n_gen, t->n_cached));
         cJSON_AddItemToObject(o, "timings", timings(t));
         add_u53(o, "seed", t->seed);
     } else if (j->kind == API_SCORE) {
-        long n_tok = 0;
-        for (int i = 0; i < c->n_tasks; i++) n_tok += c->tasks[i].n_prompt;
+        long n_tok = 0, n_cached = 0;
+        for (int i = 0; i < c->n_tasks; i++) n_tok += c->tasks[i].n_prompt, n_cached += c->tasks[i].n_cached;
         if (j->single) {
             o = score_result(&c->tasks[0]);
         } else {
@@ -1194,7 +1212,7 @@ char *api_render(api_job *j, int *status, size_t *len)
             cJSON *res = cJSON_AddArrayToObject(o, "results");
             for (int i = 0; i < c->n_tasks; i++) cJSON_AddItemToArray(res, score_result(&c->tasks[i]));
         }
-        cJSON_AddItemToObject(o, "usage", usage(n_tok, 0));
+        cJSON_AddItemToObject(o, "usage", usage(n_tok, 0, n_cached));
     } else {
         o = oa_envelope(j);
         cJSON *choices = cJSON_AddArrayToObject(o, "choices");
@@ -1224,9 +1242,9 @@ char *api_render(api_job *j, int *status, size_t *len)
             cJSON_AddStringToObject(ch, "finish_reason", finish_name(j->kind, t->finish));
             cJSON_AddItemToArray(choices, ch);
         }
-        long np, ng;
-        usage_totals(j, &np, &ng);
-        cJSON_AddItemToObject(o, "usage", usage(np, ng));
+        long np, ng, nc;
+        usage_totals(j, &np, &ng, &nc);
+        cJSON_AddItemToObject(o, "usage", usage(np, ng, nc));
     }
     return print_json(o, len);
 }
@@ -1252,7 +1270,7 @@ static cJSON *stream_chunk(const api_job *j, int i, cJSON **choice)
     cJSON_AddNumberToObject(*choice, "index", i);
     cJSON_AddItemToArray(choices, *choice);
     const sched_task *t = &j->client->tasks[i];
-    if (j->continuous_usage) cJSON_AddItemToObject(ev, "usage", usage(t->n_prompt, t->n_gen));
+    if (j->continuous_usage) cJSON_AddItemToObject(ev, "usage", usage(t->n_prompt, t->n_gen, t->n_cached));
     else cJSON_AddNullToObject(ev, "usage");
     return ev;
 }
@@ -1359,7 +1377,7 @@ int api_render_stream(api_job *j, api_buf *out)
             if (j->logprobs) cJSON_AddItemToObject(ev, "logprobs", generate_logprobs(o, t->n_top));
             if (fin[i]) {
                 cJSON_AddStringToObject(ev, "finish_reason", finish_name(j->kind, fin[i]));
-                cJSON_AddItemToObject(ev, "usage", usage(t->n_prompt, t->n_gen));
+                cJSON_AddItemToObject(ev, "usage", usage(t->n_prompt, t->n_gen, t->n_cached));
                 cJSON_AddItemToObject(ev, "timings", timings(t));
                 add_u53(ev, "seed", t->seed);
             }
@@ -1375,11 +1393,11 @@ int api_render_stream(api_job *j, api_buf *out)
     }
     if (n_reported == n) {
         if ((j->kind == API_COMPLETIONS || j->kind == API_CHAT) && j->include_usage) {
-            long np, ng;
-            usage_totals(j, &np, &ng);
+            long np, ng, nc;
+            usage_totals(j, &np, &ng, &nc);
             cJSON *ev = oa_envelope(j);
             cJSON_AddArrayToObject(ev, "choices");
-            cJSON_AddItemToObject(ev, "usage", usage(np, ng));
+            cJSON_AddItemToObject(ev, "usage", usage(np, ng, nc));
             sse(out, ev);
         }
         api_buf_put(out, "data: [DONE]\n\n", 14);

@@ -7,18 +7,18 @@
 static const char *const generate_fields[] = {
     "model", "prompt", "tokens", "add_bos", "max_tokens", "temperature", "top_p", "top_k", "min_p",
     "repetition_penalty", "presence_penalty", "frequency_penalty", "seed", "stop", "ignore_eos", "logprobs",
-    "stream", "logit_bias", "min_tokens", NULL};
-static const char *const score_fields[] = {"model", "text", "tokens", "texts", "add_bos", NULL};
+    "stream", "logit_bias", "min_tokens", "cache_prompt", NULL};
+static const char *const score_fields[] = {"model", "text", "tokens", "texts", "add_bos", "cache_prompt", NULL};
 static const char *const completions_fields[] = {
     "model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
     "presence_penalty", "frequency_penalty", "seed", "stop", "ignore_eos", "logprobs", "echo", "n", "best_of",
-    "suffix", "stream", "stream_options", "logit_bias", "min_tokens", "user", NULL};
+    "suffix", "stream", "stream_options", "logit_bias", "min_tokens", "user", "cache_prompt", NULL};
 static const char *const chat_fields[] = {
     "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p",
     "repetition_penalty", "presence_penalty", "frequency_penalty", "seed", "stop", "ignore_eos", "logprobs",
     "top_logprobs", "n", "stream", "stream_options", "logit_bias", "min_tokens", "user", "add_generation_prompt",
     "continue_final_message", "chat_template_kwargs", "add_special_tokens", "response_format", "tools",
-    "tool_choice", "parallel_tool_calls", "echo", NULL};
+    "tool_choice", "parallel_tool_calls", "echo", "cache_prompt", NULL};
 
 const char *const *api_fields(int kind)
 {

@@ -36,6 +36,8 @@ typedef struct {
     const char *chat_template, *allowed_origins;
     int no_webui;
     int port, max_batch, max_queue, max_seq_len, threads, http_threads, step_tokens, step_tokens_idle, prefill_chunk;
+    int prefix_cache, prefix_grid;
+    long prefix_cache_bytes;
     double grace_s, heartbeat_s, gpu_mem_fraction;
     long max_body;
     kda_tuning tuning;   /* $KDA_TUNING, then --tuning on top */
@@ -66,6 +68,14 @@ static void usage(FILE *f)
         "  --step-tokens-idle N   ... and when none decodes (default: cpu 512, cuda the engine's\n"
         "                         prefill pass, 8192)\n"
         "  --prefill-chunk N      prompts are cut at multiples of N tokens (default: cpu 128, cuda 256)\n"
+        "  --prefix-cache on|off  reuse KDA state snapshots and KV of shared prompt prefixes across\n"
+        "                         requests, exactly (default on; a request bypasses it with\n"
+        "                         \"cache_prompt\": false)\n"
+        "  --prefix-cache-bytes N memory the prefix cache may hold: snapshot states, KV no running\n"
+        "                         sequence holds, its index (default 2147483648; CUDA carves N bytes of\n"
+        "                         snapshot slots in the device pool at startup)\n"
+        "  --prefix-cache-grid N  snapshot every N prompt tokens (default 0: the tokens whose KV is as\n"
+        "                         large as one snapshot, a multiple of --prefill-chunk)\n"
         "  --max-body-bytes N     request bodies above this get 413 (default 8388608)\n"
         "  --heartbeat-seconds S  keep-alive comment on idle streams (default 15, 0 = off)\n"
         "  --grace-seconds S      on SIGTERM/SIGINT, time given to running requests (default 30)\n"
@@ -118,6 +128,7 @@ static int parse_flags(int argc, char **argv, flags *f)
 {
     *f = (flags){.host = "127.0.0.1", .device = "cpu", .port = 8080, .max_batch = 32, .max_queue = 256,
                  .http_threads = 4, .grace_s = 30,
+                 .prefix_cache = 1, .prefix_cache_bytes = 2147483648L,
                  .heartbeat_s = 15, .max_body = 8 << 20};
     kda_tuning_defaults(&f->tuning);
     {
@@ -152,6 +163,15 @@ static int parse_flags(int argc, char **argv, flags *f)
             f->device = v;
         }
         else if (!strcmp(a, "--api-key")) f->api_key = v;
+        else if (!strcmp(a, "--prefix-cache")) {
+            if (strcmp(v, "on") && strcmp(v, "off")) {
+                fprintf(stderr, "kda-server: --prefix-cache must be on or off, got \"%s\"\n", v);
+                return -1;
+            }
+            f->prefix_cache = !strcmp(v, "on");
+        }
+        else if (!strcmp(a, "--prefix-cache-bytes")) { rc = parse_long(a, v, 0, 1L << 50, &x); f->prefix_cache_bytes = x; }
+        else if (!strcmp(a, "--prefix-cache-grid")) { rc = parse_long(a, v, 0, 1 << 20, &x); f->prefix_grid = (int)x; }
         else if (!strcmp(a, "--tuning")) {
             char err[256];
             if (kda_tuning_parse(&f->tuning, v, err, sizeof err)) {
@@ -266,6 +286,18 @@ static int connection_capacity(void)
     return room < MAX_CONNECTIONS ? (int)room : MAX_CONNECTIONS;
 }
 
+static void log_prefix_cache(const kda_model_info *in, const sched_opts *so)
+{
+    if (!so->prefix_cache_bytes || in->max_snapshots == 0) {
+        srv_log(SRV_LOG_INFO, "prefix cache: off%s", so->prefix_cache_bytes ? " (budget below one snapshot)" : "");
+        return;
+    }
+    srv_log(SRV_LOG_INFO, "prefix cache: on, budget %.1f MiB, %d snapshot slots of %.2f MiB (KDA state), KV shared "
+            "by reference, a snapshot every %d prompt tokens plus branch points and ends of requests",
+            (double)so->prefix_cache_bytes / 1048576.0, in->max_snapshots, (double)in->snapshot_bytes_each / 1048576.0,
+            sched_prefix_grid(in, so));
+}
+
 /* Waits up to seconds for SIGINT/SIGTERM; returns the signal or 0. */
 static int wait_signal(const sigset_t *set, double seconds)
 {
@@ -332,7 +364,8 @@ int main(int argc, char **argv)
     kda_engine_opts eo = {.model_dir = model, .device = f.device, .threads = f.threads, .max_seqs = f.max_batch,
                           .max_seq_len = f.max_seq_len, .gpu_mem_fraction = f.gpu_mem_fraction,
                           .name_map = f.name_map, .config_map = f.config_map,
-                          .tuning = &f.tuning, .verbose = srv_log_level >= SRV_LOG_DEBUG};
+                          .tuning = &f.tuning, .verbose = srv_log_level >= SRV_LOG_DEBUG,
+                          .snapshot_bytes = f.prefix_cache ? (size_t)f.prefix_cache_bytes : 0};
     int erc = kda_engine_open(&e, &eo, err, sizeof err);
     if (erc) {
         srv_log(SRV_LOG_ERROR, "engine: %s (%s)", err, kda_strerror(erc));
@@ -372,7 +405,10 @@ int main(int argc, char **argv)
     if (!f.prefill_chunk) f.prefill_chunk = on_gpu ? 256 : 128;
     sched_opts so = {.max_batch = max_batch, .max_queue = f.max_queue, .step_tokens = f.step_tokens,
                      .step_tokens_idle = f.step_tokens_idle, .prefill_chunk = f.prefill_chunk,
-                     .chunks_per_step = on_gpu ? 0 : 1, .max_pending = 4u << 20};
+                     .chunks_per_step = on_gpu ? 0 : 1, .max_pending = 4u << 20,
+                     .prefix_cache_bytes = f.prefix_cache ? (size_t)f.prefix_cache_bytes : 0,
+                     .prefix_grid = f.prefix_grid};
+    log_prefix_cache(info, &so);
     if (sched_start(&s, e, tok, &so, err, sizeof err)) {
         srv_log(SRV_LOG_ERROR, "scheduler: %s", err);
         goto out;

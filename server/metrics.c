@@ -50,6 +50,9 @@ static struct {
     unsigned long finished[N_REASONS];
     int waiting, running, pool_used, pool_total;
     double pool_bytes;
+    unsigned long pc_hits, pc_hit_tokens, pc_evictions, pc_queried_tokens;
+    int pc_snapshots;
+    double pc_bytes;
     histogram ttft, itl, step;
     histogram e2e, queue, prefill, decode, inference, req_prompt, req_gen, req_max_tokens, req_params_max, iter_tokens;
 } m = {
@@ -166,6 +169,24 @@ void metrics_request_finished(const metrics_finished *f)
     pthread_mutex_unlock(&m.mu);
 }
 
+void metrics_prefix_cache_lookup(long prompt_tokens, long hit_tokens)
+{
+    pthread_mutex_lock(&m.mu);
+    m.pc_queried_tokens += (unsigned long)prompt_tokens;
+    m.pc_hits += hit_tokens > 0;
+    m.pc_hit_tokens += (unsigned long)hit_tokens;
+    pthread_mutex_unlock(&m.mu);
+}
+
+void metrics_prefix_cache_size(int snapshots, double bytes, unsigned long evictions)
+{
+    pthread_mutex_lock(&m.mu);
+    m.pc_snapshots = snapshots;
+    m.pc_bytes = bytes;
+    m.pc_evictions = evictions;
+    pthread_mutex_unlock(&m.mu);
+}
+
 /* ---- rendering ---- */
 
 typedef struct { char *p; size_t len, cap; int oom; } text;
@@ -230,6 +251,11 @@ static void render_vllm(text *t)
             (double)m.prompt_tokens);
     put_one(t, "vllm:generation_tokens_total", "counter", "Tokens generated (kda_generated_tokens_total).", mn,
             (double)m.generated_tokens);
+    put_one(t, "vllm:prefix_cache_queries_total", "counter", "Prompt tokens looked up in the prefix cache.", mn,
+            (double)m.pc_queried_tokens);
+    put_one(t, "vllm:prefix_cache_hits_total", "counter",
+            "Prompt tokens served from the prefix cache (kda_prefix_cache_hit_tokens_total).", mn,
+            (double)m.pc_hit_tokens);
     put_one(t, "vllm:num_preemptions_total", "counter", "Always 0: admitted sequences are never preempted.", mn, 0);
     put(t, "# HELP vllm:request_success_total Finished sequences by finish reason.\n"
            "# TYPE vllm:request_success_total counter\n");
@@ -333,6 +359,17 @@ char *metrics_render(size_t *len)
             "# TYPE kda_state_pool_total_sequences gauge\nkda_state_pool_total_sequences %d\n", m.pool_total);
     put(&t, "# HELP kda_state_pool_used_bytes Recurrent state plus KV cache held by live sequences.\n"
             "# TYPE kda_state_pool_used_bytes gauge\nkda_state_pool_used_bytes %.0f\n", m.pool_bytes);
+    put(&t, "# HELP kda_prefix_cache_hits_total Requests that started from a cached prefix.\n"
+            "# TYPE kda_prefix_cache_hits_total counter\nkda_prefix_cache_hits_total %lu\n", m.pc_hits);
+    put(&t, "# HELP kda_prefix_cache_hit_tokens_total Prompt tokens served from the prefix cache (not computed).\n"
+            "# TYPE kda_prefix_cache_hit_tokens_total counter\nkda_prefix_cache_hit_tokens_total %lu\n",
+        m.pc_hit_tokens);
+    put(&t, "# HELP kda_prefix_cache_bytes Memory held by the prefix cache: snapshot states, KV no sequence holds, "
+            "the index.\n# TYPE kda_prefix_cache_bytes gauge\nkda_prefix_cache_bytes %.0f\n", m.pc_bytes);
+    put(&t, "# HELP kda_prefix_cache_snapshots Prefix snapshots held.\n"
+            "# TYPE kda_prefix_cache_snapshots gauge\nkda_prefix_cache_snapshots %d\n", m.pc_snapshots);
+    put(&t, "# HELP kda_prefix_cache_evictions_total Cache entries evicted (budget, or room for a request).\n"
+            "# TYPE kda_prefix_cache_evictions_total counter\nkda_prefix_cache_evictions_total %lu\n", m.pc_evictions);
     put_histogram(&t, "kda_time_to_first_token_seconds", "Arrival to first generated token.", "", &m.ttft);
     put_histogram(&t, "kda_inter_token_latency_seconds", "Time between consecutive generated tokens of a sequence.", "",
                   &m.itl);

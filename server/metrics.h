@@ -29,6 +29,9 @@ void metrics_itl(double seconds);
 void metrics_step(double seconds, int n_tokens, int n_seqs);
 void metrics_queue(int waiting, int running);
 void metrics_pool(int used_seqs, int total_seqs, double used_bytes);
+/* a request looked its prompt up in the prefix cache and got hit_tokens of it */
+void metrics_prefix_cache_lookup(long prompt_tokens, long hit_tokens);
+void metrics_prefix_cache_size(int snapshots, double bytes, unsigned long evictions);
 
 /* One finished sequence (a task), as vLLM reports a finished request. */
 typedef struct {

@@ -9,13 +9,40 @@
  *      then prompt chunks (oldest first) while the token budget lasts;
  *   5. turn sampled ids into text, apply stop strings, append the output to
  *      each task and wake its HTTP connection.
- * Prompt chunks are cut at fixed offsets (multiples of prefill_chunk) no
- * matter what else runs, so a request's arithmetic on the CPU (one chunk per
- * prompt per step there), and therefore its sampled output for a given seed,
- * does not depend on its neighbours. On the GPU a step takes as many whole
- * chunks of a prompt as its budget allows. The budget of a step is
- * step_tokens while sequences decode, so a long prompt never holds their next
- * token up for long, and step_tokens_idle otherwise.
+ * Prompt chunks are cut at fixed positions (multiples of prefill_chunk) no
+ * matter what else runs, so a request's arithmetic on the CPU, and therefore
+ * its sampled output for a given seed, does not depend on its neighbours. On
+ * the GPU a step takes as many whole chunks of a prompt as its budget allows
+ * (never across a snapshot point). The budget of a step is step_tokens while
+ * sequences decode, so a long prompt never holds their next token up for
+ * long, and step_tokens_idle otherwise.
+ *
+ * Prefix cache (prefix_cache.h for the index, engine.h for snapshots). A
+ * request starts from the longest snapshot of a prefix of its prompt (at
+ * most n_prompt - 1 tokens: the last prompt token is always fed, since its
+ * logits give the first generated token) and prefills only the rest; an echo
+ * request also takes the cached prefix's per-row outputs from the index.
+ * Snapshots are taken where later requests can hit them:
+ *   - at branch points: one token before where the prompt leaves the longest
+ *     path already in the index (so siblings that share the prefix, and echo
+ *     requests that need the log-prob of the first diverging token, hit);
+ *   - every `grid` prompt tokens, grid = the tokens whose KV is as large as
+ *     one snapshot (rounded to prefill_chunk): snapshots then take at most
+ *     as much memory as the KV they save from recomputation, and a later
+ *     request sharing a long prefix recomputes fewer than grid tokens;
+ *   - at the end of a prompt-only (scoring) request, and of every finished
+ *     generation (all fed tokens: the next turn of a chat hits).
+ * A snapshot point cuts the prompt chunk there (the state must sit at an
+ * exact token boundary), which costs a step only where it is not a chunk
+ * boundary already. A waiting request that shares more than MIN_GAIN tokens
+ * beyond its best snapshot with a running request that has not computed
+ * them yet waits for that one's snapshot instead of computing them too.
+ * Memory: the index keeps the engine's snapshot memory plus its own under
+ * prefix_cache_bytes (LRU), and admission evicts cache entries whenever a
+ * request needs KV room, so the cache never makes a request fail.
+ * Exactness: on the CPU a sequence's numbers do not depend on step
+ * boundaries, so a request served from the cache gives bit-identical
+ * logits, log-probs and samples to the same request computed from scratch.
  */
 #include "scheduler.h"
 
@@ -25,6 +52,10 @@
 
 #include "log.h"
 #include "metrics.h"
+#include "prefix_cache.h"
+
+#define MAX_POINTS 8   /* planned snapshot positions per request besides the grid (more are dropped) */
+#define MIN_GAIN 16    /* tokens a waiting request must save to wait for a running one's snapshot */
 
 typedef struct run_seq run_seq;
 struct run_seq {
@@ -32,7 +63,13 @@ struct run_seq {
     sched_client *c;
     sched_task *t;
     int seq;                    /* engine sequence id, -1 until admitted */
-    int n_done;                 /* prompt tokens consumed */
+    int n_done;                 /* prompt tokens consumed (restored from the cache included) */
+    int cache;                  /* uses the prefix cache */
+    unsigned serial;            /* admission number (a held request names its sibling by it) */
+    unsigned hold_on;           /* waiting for the snapshot at hold_at of the running request with this serial */
+    int hold_at;
+    int points[MAX_POINTS];     /* prompt positions to snapshot at, ascending */
+    int n_points;
     int32_t *gen; int n_gen;    /* [max_tokens] generated ids */
     kda_sampling samp;
     tok_stream *ts;
@@ -72,6 +109,10 @@ struct sched {
     sched_client **wake;        /* clients to wake after this iteration, one ref each */
     int n_wake, wake_cap;
     char *emit; size_t emit_len, emit_cap;  /* text of one token, stop strings applied */
+    pc_cache *pc;               /* prefix cache, NULL = off */
+    int grid;                   /* snapshot every grid prompt tokens */
+    int32_t *key;               /* [max_seq_len] a finished sequence's fed tokens */
+    unsigned next_serial;
 };
 
 /* ---- client ---- */
@@ -238,6 +279,7 @@ static run_seq *run_seq_new(const tok_tokenizer *tok, sched_client *c, sched_tas
     r->c = c;
     r->t = t;
     r->seq = -1;
+    r->cache = !t->no_cache;
     r->gen = malloc((size_t)(t->max_tokens > 0 ? t->max_tokens : 1) * sizeof *r->gen);
     r->top_ids = malloc((size_t)(t->n_top > 0 ? t->n_top : 1) * sizeof *r->top_ids);
     r->top_lps = malloc((size_t)(t->n_top > 0 ? t->n_top : 1) * sizeof *r->top_lps);
@@ -304,9 +346,12 @@ static void task_finish(sched *s, run_seq *r, int finish, const char *error)
     wake_add(s, c);
 }
 
+static void cache_finished(sched *s, run_seq *r);
+
 /* Frees a finished sequence and the scheduler's reference to its client. */
 static void run_seq_release(sched *s, run_seq *r)
 {
+    cache_finished(s, r);
     if (r->seq >= 0) kda_seq_free(s->e, r->seq);
     sched_client_unref(r->c);
     run_seq_free(r);
@@ -392,6 +437,205 @@ static void on_token(sched *s, run_seq *r, int32_t id, float lp)
     else wake_add(s, c);
 }
 
+/* ---- prefix cache (see the top of this file) ---- */
+
+static size_t engine_cache_bytes(void *arg)
+{
+    kda_usage u;
+    kda_engine_usage((kda_engine *)arg, &u);
+    return u.cache_bytes;
+}
+
+static void engine_drop(void *arg, int snap) { kda_snapshot_drop((kda_engine *)arg, snap); }
+
+/* the echo alternatives a task's rows carry (-1: it does not echo) */
+static int echo_ntop(const sched_task *t) { return t->prompt_logprobs ? t->n_top : -1; }
+
+static void cache_gauges(sched *s)
+{
+    if (!s->pc) return;
+    pc_stats st;
+    pc_get_stats(s->pc, &st);
+    metrics_prefix_cache_size(st.snaps, (double)(engine_cache_bytes(s->e) + st.index_bytes), st.evictions);
+}
+
+/* Snapshot of r's sequence as it stands, filed under key[0..n) (n = its
+ * length). A full snapshot table first costs cache entries, LRU. */
+static void cache_take(sched *s, run_seq *r, const int32_t *key, int n)
+{
+    if (kda_seq_len(s->e, r->seq) != n) return;
+    if (pc_lookup(s->pc, key, n, n, -1).len == n) return; /* cached already */
+    char err[256];
+    int snap, rc = kda_snapshot_take(s->e, r->seq, &snap, err, sizeof err);
+    while (rc == KDA_ENOMEM && kda_snapshots_free(s->e) == 0 && pc_evict_one(s->pc))
+        rc = kda_snapshot_take(s->e, r->seq, &snap, err, sizeof err);
+    if (rc) {
+        srv_log(SRV_LOG_DEBUG, "prefix cache: no snapshot of %d tokens: %s", n, err);
+        return;
+    }
+    pc_store(s->pc, key, n, snap);
+    pc_trim(s->pc);
+    cache_gauges(s);
+}
+
+static void add_point(run_seq *r, int p)
+{
+    int i = 0;
+    while (i < r->n_points && r->points[i] < p) i++;
+    if (i < r->n_points && r->points[i] == p) return;
+    if (r->n_points == MAX_POINTS) return;
+    memmove(r->points + i + 1, r->points + i, (size_t)(r->n_points - i) * sizeof *r->points);
+    r->points[i] = p;
+    r->n_points++;
+}
+
+static int common_prefix(const int32_t *a, const int32_t *b, int n)
+{
+    int i = 0;
+    while (i < n && a[i] == b[i]) i++;
+    return i;
+}
+
+static run_seq *running_by_serial(sched *s, unsigned serial)
+{
+    for (int i = 0; i < s->n_run; i++)
+        if (s->running[i]->serial == serial) return s->running[i];
+    return NULL;
+}
+
+/* 1 when waiting task w should wait for a running request's snapshot: one
+ * that shares more than MIN_GAIN prompt tokens beyond w's best snapshot and
+ * has not computed them yet (it is asked to snapshot there). */
+static int cache_hold(sched *s, run_seq *w)
+{
+    if (!s->pc || !w->cache) return 0;
+    if (w->hold_on) { /* cheap re-check of an earlier decision */
+        run_seq *r = running_by_serial(s, w->hold_on);
+        if (r && !r->finish && r->n_done < w->hold_at) return 1;
+        w->hold_on = 0;
+    }
+    const sched_task *t = w->t;
+    const int n = t->n_prompt, k = echo_ntop(t);
+    const int best = pc_lookup(s->pc, t->prompt, n, n - 1, k).len;
+    for (int i = 0; i < s->n_run; i++) {
+        run_seq *r = s->running[i];
+        const sched_task *rt = r->t;
+        if (!r->cache || r->finish || r->n_done >= rt->n_prompt) continue;
+        if (k >= 0 && echo_ntop(rt) < k) continue; /* its rows would not serve w's echo */
+        const int shared = common_prefix(t->prompt, rt->prompt, n < rt->n_prompt ? n : rt->n_prompt);
+        const int p = shared - 1; /* w feeds from p: the token at p gives the first new row */
+        if (p <= best + MIN_GAIN || r->n_done > p) continue;
+        if (r->n_done == p) { /* it stands there right now: snapshot it, w starts from it */
+            cache_take(s, r, rt->prompt, p);
+            return 0;
+        }
+        add_point(r, p);
+        w->hold_on = r->serial;
+        w->hold_at = p;
+        return 1;
+    }
+    return 0;
+}
+
+/* After kda_seq_new: starts r from its longest cached prefix and plans its
+ * snapshot points. Returns the tokens restored. */
+static int cache_admit(sched *s, run_seq *r)
+{
+    if (!s->pc || !r->cache) return 0;
+    sched_task *t = r->t;
+    const int n = t->n_prompt, k = echo_ntop(t);
+    pc_match m = pc_lookup(s->pc, t->prompt, n, n - 1, k);
+    int hit = 0;
+    if (m.len > 0) {
+        char err[256];
+        int rc = kda_seq_restore(s->e, r->seq, m.snap, t->prompt, n, err, sizeof err);
+        if (rc) {
+            srv_log(SRV_LOG_DEBUG, "prefix cache: restore of %d tokens failed: %s", m.len, err);
+        } else {
+            hit = m.len;
+            if (k >= 0) pc_echo_read(s->pc, t->prompt, hit, k, t->prompt_lps, t->prompt_top_ids, t->prompt_top_lps);
+        }
+    }
+    r->n_done = hit;
+    t->n_cached = hit;
+    metrics_prefix_cache_lookup(n, hit);
+    /* snapshot points: the branch point and the end of a scoring prompt (the
+     * grid is implicit: every multiple of s->grid inside the prompt) */
+    r->n_points = 0;
+    if (m.shared - 1 > hit + MIN_GAIN) add_point(r, m.shared - 1);
+    if (t->max_tokens == 0) add_point(r, n);
+    pc_insert(s->pc, t->prompt, n); /* later requests see where they branch off this one */
+    return hit;
+}
+
+/* Where r's next prompt chunk ends: the next multiple of C (fixed positions,
+ * whatever the cache restored), the prompt's end, the next grid position or
+ * the next planned snapshot point. */
+static int chunk_end(const sched *s, const run_seq *r, int from, int C)
+{
+    int end = (from / C + 1) * C;
+    if (end > r->t->n_prompt) end = r->t->n_prompt;
+    if (s->pc && r->cache) {
+        const int g = (from / s->grid + 1) * s->grid;
+        if (g < end) end = g;
+        for (int i = 0; i < r->n_points; i++)
+            if (r->points[i] > from && r->points[i] < end) end = r->points[i];
+    }
+    return end;
+}
+
+/* a prompt position where a snapshot is taken: a step's chunk must end there */
+static int snapshot_point(const sched *s, const run_seq *r, int pos)
+{
+    if (!s->pc || !r->cache) return 0;
+    if (pos % s->grid == 0) return 1;
+    for (int i = 0; i < r->n_points; i++)
+        if (r->points[i] == pos) return 1;
+    return 0;
+}
+
+/* After a prompt chunk of r ran (r->n_done not yet advanced): its rows'
+ * echo outputs into the index, and a snapshot where one is planned. */
+static void cache_after_prompt_step(sched *s, run_seq *r, const kda_batch_item *it)
+{
+    if (!s->pc || !r->cache) return;
+    sched_task *t = r->t;
+    const int r0 = r->n_done, r1 = r0 + it->n_tokens, k = echo_ntop(t);
+    if (k >= 0)
+        pc_echo_write(s->pc, t->prompt, t->n_prompt, r0, r1, t->prompt_lps + r0, k,
+                      k ? t->prompt_top_ids + (size_t)r0 * k : NULL, k ? t->prompt_top_lps + (size_t)r0 * k : NULL);
+    int take = r1 % s->grid == 0 && r1 < t->n_prompt;
+    while (r->n_points && r->points[0] <= r1) {
+        take |= r->points[0] == r1;
+        memmove(r->points, r->points + 1, (size_t)--r->n_points * sizeof *r->points);
+    }
+    if (take) cache_take(s, r, t->prompt, r1);
+}
+
+/* A generation that ended normally leaves a snapshot of everything it fed
+ * (prompt and generated tokens but the last): the next turn of a chat,
+ * which resends the history, starts from it. */
+static void cache_finished(sched *s, run_seq *r)
+{
+    if (!s->pc || !r->cache || r->seq < 0 || r->n_gen < 1) return;
+    if (r->finish != SCHED_FINISH_LENGTH && r->finish != SCHED_FINISH_EOS && r->finish != SCHED_FINISH_STOP) return;
+    const sched_task *t = r->t;
+    const int n = t->n_prompt + r->n_gen - 1;
+    memcpy(s->key, t->prompt, (size_t)t->n_prompt * sizeof *s->key);
+    memcpy(s->key + t->n_prompt, r->gen, (size_t)(r->n_gen - 1) * sizeof *s->key);
+    cache_take(s, r, s->key, n);
+}
+
+/* kda_seq_reserve, evicting cache entries while the memory they alone hold
+ * could make room: a request never fails because the cache holds memory. */
+static int reserve_evicting(sched *s, int seq, int n_tokens, char *err, size_t errlen)
+{
+    int rc = kda_seq_reserve(s->e, seq, n_tokens, err, errlen);
+    while (rc == KDA_ENOMEM && s->pc && engine_cache_bytes(s->e) > 0 && pc_evict_one(s->pc))
+        rc = kda_seq_reserve(s->e, seq, n_tokens, err, errlen);
+    return rc;
+}
+
 /* ---- one step ---- */
 
 static void step(sched *s)
@@ -417,13 +661,15 @@ static void step(sched *s)
         run_seq *r = s->running[i];
         sched_task *t = r->t;
         if (r->n_done >= t->n_prompt) continue;
-        const int rem = t->n_prompt - r->n_done;
-        int chunk = rem < C ? rem : C;
+        int chunk = chunk_end(s, r, r->n_done, C) - r->n_done;
         /* Oldest first; a step always makes progress on at least one prompt. */
         if (chunk > budget && n > 0) break;
-        for (int k = 1; chunk < rem && chunk + (rem - chunk < C ? rem - chunk : C) <= budget &&
-                        (!s->o.chunks_per_step || k < s->o.chunks_per_step); k++) /* more whole chunks */
-            chunk += rem - chunk < C ? rem - chunk : C;
+        for (int k = 1; r->n_done + chunk < t->n_prompt && !snapshot_point(s, r, r->n_done + chunk) &&
+                        (!s->o.chunks_per_step || k < s->o.chunks_per_step); k++) { /* more whole chunks */
+            const int next = chunk_end(s, r, r->n_done + chunk, C) - r->n_done;
+            if (next > budget) break;
+            chunk = next;
+        }
         kda_batch_item *it = &s->items[n];
         *it = (kda_batch_item){.seq = r->seq, .tokens = t->prompt + r->n_done, .n_tokens = chunk};
         if (t->prompt_logprobs) {
@@ -483,6 +729,7 @@ static void step(sched *s)
         kda_batch_item *it = &s->items[i];
         if (r->finish) continue;
         if (r->n_done < t->n_prompt) {
+            cache_after_prompt_step(s, r, it);
             r->n_done += it->n_tokens;
             if (r->n_done < t->n_prompt) continue;
             if (t->max_tokens == 0) { task_finish(s, r, SCHED_FINISH_LENGTH, NULL); continue; }
@@ -543,19 +790,28 @@ static void drop_cancelled(sched *s, int all)
 static void admit(sched *s)
 {
     int admitted = 0;
-    while (s->wait_head && s->n_run < s->o.max_batch && kda_seqs_free_slots(s->e) > 0) {
-        run_seq *r = s->wait_head;
+    run_seq **pp = &s->wait_head, *prev = NULL;
+    while (*pp && s->n_run < s->o.max_batch && kda_seqs_free_slots(s->e) > 0) {
+        run_seq *r = *pp;
+        if (cache_hold(s, r)) { /* waits for a running sibling's snapshot; the next may go */
+            prev = r;
+            pp = &r->next;
+            continue;
+        }
         char err[256] = "";
         int rc = kda_seq_new(s->e, &r->seq, err, sizeof err);
+        if (!rc) cache_admit(s, r);
         /* Reserve the whole request (prompt + max_tokens) now, so no later
          * step can fail for memory and take its batch neighbours down. */
-        if (!rc && (rc = kda_seq_reserve(s->e, r->seq, r->t->n_prompt + r->t->max_tokens, err, sizeof err))) {
+        if (!rc && (rc = reserve_evicting(s, r->seq, r->t->n_prompt + r->t->max_tokens, err, sizeof err))) {
             kda_seq_free(s->e, r->seq);
             r->seq = -1;
+            r->n_done = 0;
+            r->t->n_cached = 0;
         }
         if (rc == KDA_ENOMEM && s->n_run > 0) break;   /* room comes back as others finish */
-        s->wait_head = r->next;
-        if (!s->wait_head) s->wait_tail = NULL;
+        *pp = r->next;
+        if (s->wait_tail == r) s->wait_tail = prev;
         admitted++;
         if (rc) {
             r->seq = -1;
@@ -565,6 +821,7 @@ static void admit(sched *s)
             run_seq_release(s, r);
             continue;
         }
+        r->serial = ++s->next_serial;
         pthread_mutex_lock(&r->c->mu);
         r->t->t_admit = srv_now();
         pthread_mutex_unlock(&r->c->mu);
@@ -580,6 +837,7 @@ static void admit(sched *s)
     kda_usage u;
     kda_engine_usage(s->e, &u);
     metrics_pool(u.seqs_used, u.seqs_total, (double)(u.kv_bytes_used + u.state_bytes_used));
+    cache_gauges(s);
 }
 
 static void *sched_main(void *arg)
@@ -649,10 +907,23 @@ int sched_start(sched **out, kda_engine *e, const tok_tokenizer *tok, const sche
         free(s->running); free(s->items); free(s->item_seq); free(s->targets); free(s);
         return -1;
     }
+    if (o->prefix_cache_bytes && s->info->max_snapshots > 0) {
+        pc_opts po = {.budget = o->prefix_cache_bytes, .arg = e, .drop = engine_drop, .engine_bytes = engine_cache_bytes};
+        s->pc = pc_new(&po);
+        s->key = malloc((size_t)s->info->max_seq_len * sizeof *s->key);
+        if (!s->pc || !s->key) {
+            snprintf(err, errlen, "out of memory for the prefix cache");
+            pc_free(s->pc); free(s->key);
+            free(s->running); free(s->items); free(s->item_seq); free(s->targets); free(s);
+            return -1;
+        }
+        s->grid = sched_prefix_grid(s->info, o);
+    }
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     if (pthread_create(&s->thread, NULL, sched_main, s) != 0) {
         snprintf(err, errlen, "could not start the scheduler thread");
+        pc_free(s->pc); free(s->key);
         free(s->running); free(s->items); free(s->item_seq); free(s->targets); free(s);
         return -1;
     }
@@ -730,9 +1001,30 @@ void sched_stop(sched *s)
         r = nx;
     }
     wake_flush(s);
+    if (s->pc) {
+        pc_stats st;
+        pc_get_stats(s->pc, &st);
+        pc_free(s->pc); /* every snapshot back to the engine */
+        kda_usage u;
+        kda_engine_usage(s->e, &u);
+        srv_log(SRV_LOG_INFO, "prefix cache: dropped %d snapshots (%lu evicted while running); engine now holds "
+                "%d sequences, %zu KV bytes, %d snapshots, %zu cache bytes",
+                st.snaps, st.evictions, u.seqs_used, u.kv_bytes_used, u.snaps_used, u.cache_bytes);
+    }
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     free(s->running); free(s->items); free(s->item_seq); free(s->targets);
-    free(s->wake); free(s->emit);
+    free(s->wake); free(s->emit); free(s->key);
     free(s);
+}
+
+int sched_prefix_grid(const kda_model_info *in, const sched_opts *o)
+{
+    const int C = o->prefill_chunk > 0 ? o->prefill_chunk : 1;
+    if (o->prefix_grid > 0) return o->prefix_grid;
+    /* the tokens whose KV is as large as one snapshot, a multiple of C (at least C) */
+    const size_t state = in->snapshot_bytes_each ? in->snapshot_bytes_each : in->state_bytes_per_seq;
+    const size_t per_token = in->kv_bytes_per_token ? in->kv_bytes_per_token : 1;
+    const size_t g = state / per_token / (size_t)C * (size_t)C;
+    return g < (size_t)C ? C : g > (1u << 20) ? 1 << 20 : (int)g;
 }

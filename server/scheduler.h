@@ -5,7 +5,8 @@
  * prompt and per choice of n), submit it, and read results back from it.
  * The scheduler thread admits tasks into the running batch at step
  * boundaries (continuous batching), feeds prompts in fixed-size chunks under
- * a per-step token budget, samples through the engine, detokenizes and
+ * a per-step token budget (each starting after the longest prefix the prefix
+ * cache holds, see scheduler.c), samples through the engine, detokenizes and
  * applies stop strings, and appends new text to each task's output buffer.
  *
  * Ownership and locking:
@@ -65,6 +66,7 @@ typedef struct {
     int ignore_eos;
     kda_logit_bias *logit_bias; int n_logit_bias;  /* owned; added to the logits (OpenAI logit_bias) */
     int min_tokens;                /* until this many ids: EOS banned, stop strings not searched */
+    int no_cache;                  /* bypass the prefix cache: no lookup, no snapshots */
     double t_submit;               /* srv_now() at arrival */
 
     /* results: written by the scheduler under client->mu */
@@ -74,6 +76,7 @@ typedef struct {
     float *prompt_top_lps;         /* [n_prompt * n_top] */
     int finish;                    /* SCHED_FINISH_*, set once */
     int n_gen;                     /* generated ids so far */
+    int n_cached;                  /* prompt tokens served from the prefix cache (not computed) */
     double t_admit, t_first, t_end;/* srv_now(); t_first 0 until the first id */
     char error[320];
 } sched_task;
@@ -111,6 +114,10 @@ typedef struct {
     int prefill_chunk;    /* prompts are cut at multiples of this; a step takes whole chunks */
     int chunks_per_step;  /* at most this many chunks of one prompt per step (0 = as the budget allows) */
     size_t max_pending;   /* unread bytes per task before a slow reader is cut off */
+    /* prefix cache (server/prefix_cache.h): off when prefix_cache_bytes is 0;
+     * the engine must have been opened with snapshot room */
+    size_t prefix_cache_bytes;  /* budget: engine snapshot memory + the index */
+    int prefix_grid;            /* snapshot every this many prompt tokens (0 = from memory, see scheduler.c) */
 } sched_opts;
 
 typedef struct sched sched;
@@ -127,6 +134,9 @@ int sched_submit(sched *s, sched_client *c);
 void sched_close_admission(sched *s);   /* further submits get SCHED_ECLOSED */
 int sched_pending(sched *s);            /* tasks queued or running */
 void sched_cancel_all(sched *s);        /* abort everything now (end of grace period) */
-void sched_stop(sched *s);              /* joins the thread; the engine is free again */
+void sched_stop(sched *s);              /* joins the thread, drops the prefix cache; the engine is free again */
+/* The prefix cache's snapshot grid for this model and these options (the
+ * startup log reports it). */
+int sched_prefix_grid(const kda_model_info *in, const sched_opts *o);
 
 #endif

@@ -1,6 +1,6 @@
 /*
- * The engine API on generated checkpoints: incremental decoding equals full
- * recomputation, batching never changes a sequence's numbers, reused slots
+ * The engine API on generated checkpoints: step boundaries never change a
+ * sequence's numbers, batching never changes a sequence's numbers, reused slots
  * start clean, and bad steps are refused without advancing anything.
  */
 #include <math.h>
@@ -55,21 +55,18 @@ static void random_tokens(int32_t *t, int n, int vocab, unsigned seed)
     }
 }
 
-static double max_abs_diff(const float *a, const float *b, size_t n)
-{
-    double m = 0;
-    for (size_t i = 0; i < n; i++) m = fmax(m, fabs((double)a[i] - b[i]));
-    return m;
-}
-
-static void test_prefill_then_decode_equals_full_recompute(void **st)
+/* The CPU backend's invariant (cpu_backend.c): how a sequence's tokens are
+ * split into steps never changes its numbers, so a 150-token prompt fed at
+ * once, as a 100-token prompt then one token at a time, or in ragged chunks
+ * gives the same logits bit for bit. The prefix cache relies on it. */
+static void test_step_boundaries_never_change_the_logits(void **st)
 {
     (void)st;
     kda_engine *e = open_tiny(2);
-    const int V = kda_engine_info(e)->vocab_size, T = 150; /* > 64: chunked prefill path */
+    const int V = kda_engine_info(e)->vocab_size, T = 150;
     int32_t toks[150];
     random_tokens(toks, T, V, 1);
-    float *full = malloc(sizeof(float) * T * V), *inc = malloc(sizeof(float) * V);
+    float *full = malloc(sizeof(float) * T * V), *inc = malloc(sizeof(float) * T * V);
     char err[512];
     int a, b;
     assert_int_equal(kda_seq_new(e, &a, err, sizeof err), 0);
@@ -77,17 +74,24 @@ static void test_prefill_then_decode_equals_full_recompute(void **st)
     assert_int_equal(kda_engine_step(e, &it, 1, err, sizeof err), 0);
     /* incremental: a 100-token prompt, then one token at a time */
     assert_int_equal(kda_seq_new(e, &b, err, sizeof err), 0);
-    kda_batch_item p = {.seq = b, .tokens = toks, .n_tokens = 100, .logits = inc};
+    kda_batch_item p = {.seq = b, .tokens = toks, .n_tokens = 100, .logits = inc, .want_all_logits = 1};
     assert_int_equal(kda_engine_step(e, &p, 1, err, sizeof err), 0);
-    double worst = max_abs_diff(inc, full + (size_t)99 * V, V);
     for (int t = 100; t < T; t++) {
-        kda_batch_item d = {.seq = b, .tokens = &toks[t], .n_tokens = 1, .logits = inc};
+        kda_batch_item d = {.seq = b, .tokens = &toks[t], .n_tokens = 1, .logits = inc + (size_t)t * V};
         assert_int_equal(kda_engine_step(e, &d, 1, err, sizeof err), 0);
-        worst = fmax(worst, max_abs_diff(inc, full + (size_t)t * V, V));
     }
     assert_int_equal(kda_seq_len(e, b), T);
-    /* chunked (prefill) and per-token (decode) KDA differ only by fp32 rounding */
-    if (worst > 1e-3) fail_msg("incremental vs full logits differ by %g", worst);
+    assert_memory_equal(full, inc, sizeof(float) * T * V);
+    /* ragged chunks across the old 64-token chunked-form threshold */
+    kda_seq_free(e, b);
+    assert_int_equal(kda_seq_new(e, &b, err, sizeof err), 0);
+    const int cuts[] = {0, 3, 67, 68, 131, 150};
+    for (int c = 0; c + 1 < (int)(sizeof cuts / sizeof cuts[0]); c++) {
+        kda_batch_item q = {.seq = b, .tokens = toks + cuts[c], .n_tokens = cuts[c + 1] - cuts[c],
+                            .logits = inc + (size_t)cuts[c] * V, .want_all_logits = 1};
+        assert_int_equal(kda_engine_step(e, &q, 1, err, sizeof err), 0);
+    }
+    assert_memory_equal(full, inc, sizeof(float) * T * V);
     free(full), free(inc);
     kda_engine_close(e);
 }
@@ -300,6 +304,218 @@ static void test_target_logprobs_equal_log_softmax_of_logits(void **st)
     kda_engine_close(e);
 }
 
+/* ---- prefix snapshots ---- */
+
+static kda_engine *open_with_snapshots(int max_seqs, int n_snaps)
+{
+    kda_engine *e = NULL;
+    char err[512];
+    kda_engine_opts o = {.model_dir = model_dir, .device = "cpu", .max_seqs = max_seqs, .max_seq_len = 512};
+    if (kda_engine_open(&e, &o, err, sizeof err)) fail_msg("open: %s", err);
+    o.snapshot_bytes = (size_t)n_snaps * kda_engine_info(e)->state_bytes_per_seq;
+    kda_engine_close(e);
+    if (kda_engine_open(&e, &o, err, sizeof err)) fail_msg("open: %s", err);
+    assert_int_equal(kda_engine_info(e)->max_snapshots, n_snaps);
+    return e;
+}
+
+/* all-position logits of toks[0..n) computed in one step on a fresh sequence */
+static float *reference_logits(kda_engine *e, const int32_t *toks, int n)
+{
+    const int V = kda_engine_info(e)->vocab_size;
+    float *lg = malloc(sizeof(float) * (size_t)n * V);
+    char err[512];
+    int s;
+    assert_int_equal(kda_seq_new(e, &s, err, sizeof err), 0);
+    kda_batch_item it = {.seq = s, .tokens = toks, .n_tokens = n, .logits = lg, .want_all_logits = 1};
+    assert_int_equal(kda_engine_step(e, &it, 1, err, sizeof err), 0);
+    kda_seq_free(e, s);
+    return lg;
+}
+
+/* a fresh sequence fed toks[0..m) in one step, snapshotted and freed */
+static int snapshot_of(kda_engine *e, const int32_t *toks, int m)
+{
+    char err[512];
+    int s, snap;
+    assert_int_equal(kda_seq_new(e, &s, err, sizeof err), 0);
+    kda_batch_item it = {.seq = s, .tokens = toks, .n_tokens = m};
+    assert_int_equal(kda_engine_step(e, &it, 1, err, sizeof err), 0);
+    assert_int_equal(kda_snapshot_take(e, s, &snap, err, sizeof err), 0);
+    assert_int_equal(kda_snapshot_len(e, snap), m);
+    kda_seq_free(e, s);
+    return snap;
+}
+
+/* A sequence restored from a snapshot at position m and fed the rest gives
+ * the logits of computing everything from scratch, bit for bit: at a
+ * position in the middle of the reference's one step (a hit ending inside a
+ * prompt chunk), for a one-token continuation (restore at n-1, feed the last
+ * prompt token), and with two sequences restored from the same snapshot. */
+static void test_restored_snapshot_continues_bit_identically(void **st)
+{
+    (void)st;
+    kda_engine *e = open_with_snapshots(3, 4);
+    const int V = kda_engine_info(e)->vocab_size, n = 120;
+    int32_t toks[120];
+    random_tokens(toks, n, V, 21);
+    float *ref = reference_logits(e, toks, n), *got = malloc(sizeof(float) * (size_t)n * V);
+    char err[512];
+    const int cuts[] = {37, n - 1, 1, 64};
+    for (int c = 0; c < 4; c++) {
+        const int m = cuts[c];
+        const int snap = snapshot_of(e, toks, m);
+        int a, b2;
+        assert_int_equal(kda_seq_new(e, &a, err, sizeof err), 0);
+        assert_int_equal(kda_seq_new(e, &b2, err, sizeof err), 0);
+        assert_int_equal(kda_seq_restore(e, a, snap, toks, n, err, sizeof err), 0);
+        assert_int_equal(kda_seq_restore(e, b2, snap, toks, n, err, sizeof err), 0);
+        assert_int_equal(kda_seq_len(e, a), m);
+        kda_batch_item items[2] = {
+            {.seq = a, .tokens = toks + m, .n_tokens = n - m, .logits = got + (size_t)m * V, .want_all_logits = 1},
+            {.seq = b2, .tokens = toks + m, .n_tokens = 1, .logits = got}};
+        assert_int_equal(kda_engine_step(e, items, 2, err, sizeof err), 0);
+        assert_memory_equal(got + (size_t)m * V, ref + (size_t)m * V, sizeof(float) * (size_t)(n - m) * V);
+        assert_memory_equal(got, ref + (size_t)m * V, sizeof(float) * V);
+        kda_seq_free(e, a);
+        kda_seq_free(e, b2);
+        kda_snapshot_drop(e, snap);
+    }
+    kda_usage u;
+    kda_engine_usage(e, &u);
+    assert_int_equal(u.snaps_used, 0);
+    assert_int_equal(u.cache_bytes, 0);
+    free(ref), free(got);
+    kda_engine_close(e);
+}
+
+/* Snapshots along one conversation share their rows (a later snapshot keeps
+ * only the rows added since the one its sequence continued): restoring the
+ * later one is still exact after the earlier one is dropped, it holds less
+ * than a full copy, and everything is given back when both are gone. */
+static void test_chained_snapshots_share_rows_and_stay_exact(void **st)
+{
+    (void)st;
+    kda_engine *e = open_with_snapshots(2, 4);
+    const kda_model_info *in = kda_engine_info(e);
+    const int V = in->vocab_size, n = 200;
+    int32_t toks[200];
+    random_tokens(toks, n, V, 33);
+    float *ref = reference_logits(e, toks, n), *got = malloc(sizeof(float) * (size_t)n * V);
+    char err[512];
+    kda_usage u;
+    int s1 = snapshot_of(e, toks, 50), s2, a;
+    kda_engine_usage(e, &u);
+    const size_t one = u.cache_bytes;
+    assert_true(one >= in->state_bytes_per_seq + 50 * in->kv_bytes_per_token);
+    /* turn 2: restore s1, add 100 tokens one by one (decode), snapshot at 150 */
+    assert_int_equal(kda_seq_new(e, &a, err, sizeof err), 0);
+    assert_int_equal(kda_seq_restore(e, a, s1, toks, n, err, sizeof err), 0);
+    for (int t = 50; t < 150; t++) {
+        kda_batch_item d = {.seq = a, .tokens = &toks[t], .n_tokens = 1};
+        assert_int_equal(kda_engine_step(e, &d, 1, err, sizeof err), 0);
+    }
+    assert_int_equal(kda_snapshot_take(e, a, &s2, err, sizeof err), 0);
+    kda_seq_free(e, a);
+    kda_engine_usage(e, &u);
+    /* the second holds its state and rows 50..149 only */
+    assert_true(u.cache_bytes - one < in->state_bytes_per_seq + 101 * in->kv_bytes_per_token);
+    kda_snapshot_drop(e, s1);
+    assert_int_equal(kda_snapshot_len(e, s1), KDA_EINVAL);
+    /* other tokens through the slot first, so its cache holds none of ours */
+    int32_t junk[200];
+    random_tokens(junk, n, V, 34);
+    free(reference_logits(e, junk, n));
+    assert_int_equal(kda_seq_new(e, &a, err, sizeof err), 0);
+    assert_int_equal(kda_seq_restore(e, a, s2, toks, n, err, sizeof err), 0);
+    kda_batch_item it = {.seq = a, .tokens = toks + 150, .n_tokens = 50, .logits = got, .want_all_logits = 1};
+    assert_int_equal(kda_engine_step(e, &it, 1, err, sizeof err), 0);
+    assert_memory_equal(got, ref + (size_t)150 * V, sizeof(float) * 50 * V);
+    kda_seq_free(e, a);
+    kda_snapshot_drop(e, s2);
+    kda_engine_usage(e, &u);
+    assert_int_equal(u.cache_bytes, 0);
+    assert_int_equal(u.snaps_used, 0);
+    free(ref), free(got);
+    kda_engine_close(e);
+}
+
+/* A restored sequence's history is the snapshot's: the repetition penalty
+ * over the prompt and the draw counter after a restore are those of the
+ * uncached sequence, so a seeded sampled continuation is the same. */
+static void test_restored_sequence_samples_like_the_uncached_one(void **st)
+{
+    (void)st;
+    kda_engine *e = open_with_snapshots(2, 2);
+    const int V = kda_engine_info(e)->vocab_size, n = 30;
+    int32_t toks[30], out_a[12], out_b[12];
+    random_tokens(toks, n, V, 44);
+    char err[512];
+    kda_sampling sp = {.temperature = 0.9f, .top_p = 0.95f, .repetition_penalty = 1.7f, .seed = 5, .n_prompt = n};
+    int32_t *outs[2] = {out_a, out_b};
+    int snap = snapshot_of(e, toks, 20);
+    for (int run = 0; run < 2; run++) {
+        int s;
+        assert_int_equal(kda_seq_new(e, &s, err, sizeof err), 0);
+        int m = 0;
+        if (run == 1) {
+            assert_int_equal(kda_seq_restore(e, s, snap, toks, n, err, sizeof err), 0);
+            m = 20;
+        }
+        int32_t tok = -1;
+        kda_batch_item p = {.seq = s, .tokens = toks + m, .n_tokens = n - m, .sampling = &sp, .sampled = &tok};
+        assert_int_equal(kda_engine_step(e, &p, 1, err, sizeof err), 0);
+        for (int g = 0; g < 12; g++) {
+            outs[run][g] = tok;
+            kda_batch_item d = {.seq = s, .tokens = &outs[run][g], .n_tokens = 1, .sampling = &sp, .sampled = &tok};
+            assert_int_equal(kda_engine_step(e, &d, 1, err, sizeof err), 0);
+        }
+        kda_seq_free(e, s);
+    }
+    assert_memory_equal(out_a, out_b, sizeof out_a);
+    kda_engine_close(e);
+}
+
+/* Bad snapshot calls are refused with a reason and change nothing. */
+static void test_snapshot_misuse_is_refused(void **st)
+{
+    (void)st;
+    kda_engine *e = open_with_snapshots(3, 2);
+    const int V = kda_engine_info(e)->vocab_size;
+    int32_t toks[20], other[20];
+    random_tokens(toks, 20, V, 55);
+    memcpy(other, toks, sizeof other);
+    other[3] = (other[3] + 1) % V;
+    char err[512];
+    int s, s2, snap;
+    assert_int_equal(kda_seq_new(e, &s, err, sizeof err), 0);
+    assert_int_equal(kda_snapshot_take(e, s, &snap, err, sizeof err), KDA_EINVAL); /* empty */
+    assert_int_equal(kda_snapshot_take(e, 7, &snap, err, sizeof err), KDA_EINVAL);
+    kda_seq_free(e, s);
+    const int a = snapshot_of(e, toks, 10), b = snapshot_of(e, toks, 12);
+    assert_int_equal(kda_snapshots_free(e), 0);
+    assert_int_equal(kda_seq_new(e, &s, err, sizeof err), 0);
+    kda_batch_item it = {.seq = s, .tokens = toks, .n_tokens = 5};
+    assert_int_equal(kda_engine_step(e, &it, 1, err, sizeof err), 0);
+    assert_int_equal(kda_snapshot_take(e, s, &snap, err, sizeof err), KDA_ENOMEM); /* table full */
+    assert_non_null(strstr(err, "snapshot slots"));
+    /* restore: only into an empty sequence, only a matching prefix, only a live snapshot */
+    assert_int_equal(kda_seq_restore(e, s, a, toks, 20, err, sizeof err), KDA_EINVAL);
+    assert_int_equal(kda_seq_new(e, &s2, err, sizeof err), 0);
+    assert_int_equal(kda_seq_restore(e, s2, a, other, 20, err, sizeof err), KDA_EINVAL);
+    assert_non_null(strstr(err, "not a prefix"));
+    assert_int_equal(kda_seq_restore(e, s2, a, toks, 9, err, sizeof err), KDA_EINVAL);
+    assert_int_equal(kda_seq_restore(e, s2, 5, toks, 20, err, sizeof err), KDA_EINVAL);
+    assert_int_equal(kda_seq_len(e, s2), 0);
+    kda_snapshot_drop(e, a);
+    kda_snapshot_drop(e, a); /* twice: no-op */
+    assert_int_equal(kda_seq_restore(e, s2, a, toks, 20, err, sizeof err), KDA_EINVAL);
+    assert_int_equal(kda_snapshots_free(e), 1);
+    assert_int_equal(kda_seq_restore(e, s2, b, toks, 20, err, sizeof err), 0);
+    assert_int_equal(kda_seq_len(e, s2), 12);
+    kda_engine_close(e);
+}
+
 static void test_open_errors_name_the_problem(void **st)
 {
     (void)st;
@@ -336,13 +552,17 @@ static void test_wrong_tensor_shape_names_the_tensor(void **st)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_prefill_then_decode_equals_full_recompute),
+        cmocka_unit_test(test_step_boundaries_never_change_the_logits),
         cmocka_unit_test(test_batched_step_equals_each_sequence_alone),
         cmocka_unit_test(test_freed_slot_is_reused_with_clean_state),
         cmocka_unit_test(test_bad_steps_are_refused_and_change_nothing),
         cmocka_unit_test(test_sampling_and_output_fields_are_validated_before_any_work),
         cmocka_unit_test(test_penalties_read_the_sequence_history_kept_by_the_engine),
         cmocka_unit_test(test_target_logprobs_equal_log_softmax_of_logits),
+        cmocka_unit_test(test_restored_snapshot_continues_bit_identically),
+        cmocka_unit_test(test_chained_snapshots_share_rows_and_stay_exact),
+        cmocka_unit_test(test_restored_sequence_samples_like_the_uncached_one),
+        cmocka_unit_test(test_snapshot_misuse_is_refused),
         cmocka_unit_test(test_open_errors_name_the_problem),
         cmocka_unit_test(test_wrong_tensor_shape_names_the_tensor),
     };

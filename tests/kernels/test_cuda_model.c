@@ -5,7 +5,8 @@
  * (scripts/gen_checkpoint.py; there against the error bf16 storage alone
  * causes, see check_teacher_forced_toks), greedy continuation, a batch of 64
  * sequences of different lengths vs each sequence alone, slot reuse from a clean state,
- * admission control when the KV pool is full. KDA_TEST_MODEL_17B=DIR adds the
+ * admission control when the KV pool is full, prefix snapshots (restore vs
+ * uncached, block sharing). KDA_TEST_MODEL_17B=DIR adds the
  * 1.7B-shaped checkpoint in DIR. Skips (77) without a GPU.
  */
 #include <setjmp.h>
@@ -573,6 +574,207 @@ static void test_prefill_then_decode_matches_cpu(void **st)
     free(lg), free(lc), free(tc);
 }
 
+/* ---- prefix snapshots (engine.h kda_snapshot_take / kda_seq_restore) on the
+ * demo model: a restored sequence continues like the same tokens computed from
+ * scratch on the GPU and like the fp32 CPU reference, greedy output included;
+ * KV blocks are shared by reference (a partial last block copied) and every
+ * byte comes back. Tolerance: the restored and the uncached runs compute the
+ * same positions with different row counts per step (other cuBLASLt plans and
+ * attention splits), so they must agree as well as fp32 and bf16 storage
+ * agree on the CPU (the batch test's yardstick), and meet MODEL_SPEC 7
+ * against the fp32 CPU reference. KDA_TEST_ONLY=prefix runs just these. */
+
+#define PX_VOC 256 /* the demo model's byte vocabulary */
+static int32_t px_toks[600];
+static int px_n;
+
+static kda_engine *px_open(const char *dev, int max_seqs, int n_snaps, int bf16_act)
+{
+    kda_tuning tn;
+    char err[512];
+    kda_tuning_defaults(&tn);
+    assert_int_equal(kda_tuning_from_env(&tn, err, sizeof err), 0);
+    tn.cpu_bf16_act = bf16_act;
+    kda_engine_opts o = {.model_dir = demo_dir, .device = dev, .max_seqs = max_seqs, .max_seq_len = 1024,
+                         .gpu_mem_fraction = 0.5, .tuning = &tn};
+    kda_engine *e = NULL;
+    int rc = kda_engine_open(&e, &o, err, sizeof err);
+    if (!rc && n_snaps) {
+        o.snapshot_bytes = (size_t)n_snaps * kda_engine_info(e)->snapshot_bytes_each;
+        if (!o.snapshot_bytes) o.snapshot_bytes = (size_t)n_snaps * kda_engine_info(e)->state_bytes_per_seq;
+        kda_engine_close(e);
+        rc = kda_engine_open(&e, &o, err, sizeof err);
+    }
+    if (rc) fprintf(stderr, "open on %s: %s\n", dev, err);
+    assert_int_equal(rc, 0);
+    return e;
+}
+
+/* feeds toks[from..n) to seq (restored to `from` or fresh) in one step, all logits into lg[(n-from) * PX_VOC] */
+static void px_feed(kda_engine *e, int seq, const int32_t *toks, int from, int n, float *lg)
+{
+    char err[256];
+    kda_batch_item it = {.seq = seq, .tokens = toks + from, .n_tokens = n - from, .logits = lg, .want_all_logits = 1};
+    int rc = kda_engine_step(e, &it, 1, err, sizeof err);
+    if (rc) fprintf(stderr, "step: %s\n", err);
+    assert_int_equal(rc, 0);
+}
+
+static void px_all_logits(kda_engine *e, const int32_t *toks, int n, float *lg)
+{
+    char err[256];
+    int s;
+    assert_int_equal(kda_seq_new(e, &s, err, sizeof err), 0);
+    px_feed(e, s, toks, 0, n, lg);
+    kda_seq_free(e, s);
+}
+
+static int px_argmax(const float *x)
+{
+    int b = 0;
+    for (int i = 1; i < PX_VOC; i++) b = x[i] > x[b] ? i : b;
+    return b;
+}
+
+/* worst per-position rel L2 of a against b over rows [0, n) */
+static double px_worst_rel(const float *a, const float *b, int n)
+{
+    double w = 0;
+    for (int t = 0; t < n; t++) {
+        const double e = kt_rel(a + (size_t)t * PX_VOC, b + (size_t)t * PX_VOC, PX_VOC);
+        w = e > w ? e : w;
+    }
+    return w;
+}
+
+/* greedy ids after the sequence's current state, starting with `first` fed */
+static void px_greedy_from(kda_engine *e, int seq, int32_t first, int n, int32_t *out)
+{
+    char err[256];
+    kda_sampling g = {.temperature = 0};
+    int32_t tok = first;
+    for (int i = 0; i < n; i++) {
+        int32_t in = tok;
+        kda_batch_item it = {.seq = seq, .tokens = &in, .n_tokens = 1, .sampling = &g, .sampled = &tok};
+        assert_int_equal(kda_engine_step(e, &it, 1, err, sizeof err), 0);
+        out[i] = tok;
+    }
+}
+
+/* Restores at a partial block inside a pass (37), at one block (16), at the
+ * 256-row pass boundary (256) and one token short of the end (the one-token
+ * continuation), each continued in one step and then greedily. */
+static void test_prefix_restore_matches_uncached_and_cpu(void **st)
+{
+    (void)st;
+    const int n = px_n;
+    kda_engine *gpu = px_open("cuda", 4, 4, 0), *cpu = px_open("cpu", 1, 0, 0), *emu = px_open("cpu", 1, 0, 1);
+    float *ref = malloc((size_t)n * PX_VOC * 4), *lc = malloc((size_t)n * PX_VOC * 4), *le = malloc((size_t)n * PX_VOC * 4);
+    float *got = malloc((size_t)n * PX_VOC * 4);
+    px_all_logits(gpu, px_toks, n, ref);
+    px_all_logits(cpu, px_toks, n, lc);
+    px_all_logits(emu, px_toks, n, le);
+    const double bf16_alone = px_worst_rel(le, lc, n);
+    char err[256];
+    int32_t g_ref[32], g_got[32];
+    const int cuts[] = {37, 16, 256, n - 1};
+    for (int c = 0; c < 4; c++) {
+        const int m = cuts[c];
+        int a, snap, r;
+        assert_int_equal(kda_seq_new(gpu, &a, err, sizeof err), 0);
+        kda_batch_item p = {.seq = a, .tokens = px_toks, .n_tokens = m};
+        assert_int_equal(kda_engine_step(gpu, &p, 1, err, sizeof err), 0);
+        assert_int_equal(kda_snapshot_take(gpu, a, &snap, err, sizeof err), 0);
+        /* the original keeps writing into the block it shares with the snapshot */
+        px_feed(gpu, a, px_toks, m, n, got);
+        px_greedy_from(gpu, a, px_argmax(got + (size_t)(n - m - 1) * PX_VOC), 32, g_ref);
+        kda_seq_free(gpu, a);
+        memset(got, 0xFF, (size_t)n * PX_VOC * 4); /* poison */
+        assert_int_equal(kda_seq_new(gpu, &r, err, sizeof err), 0);
+        assert_int_equal(kda_seq_restore(gpu, r, snap, px_toks, n, err, sizeof err), 0);
+        px_feed(gpu, r, px_toks, m, n, got);
+        const double vs_gpu = px_worst_rel(got, ref + (size_t)m * PX_VOC, n - m);
+        const double vs_cpu = px_worst_rel(got, lc + (size_t)m * PX_VOC, n - m);
+        int agree = 0;
+        for (int t = 0; t < n - m; t++) agree += px_argmax(got + (size_t)t * PX_VOC) == px_argmax(lc + (size_t)(m + t) * PX_VOC);
+        px_greedy_from(gpu, r, px_argmax(got + (size_t)(n - m - 1) * PX_VOC), 32, g_got);
+        kda_seq_free(gpu, r);
+        kda_snapshot_drop(gpu, snap);
+        printf("restore at %3d: vs uncached GPU worst rel L2 %.2e, vs CPU fp32 %.2e (bf16 storage alone %.2e), "
+               "top-1 %d/%d, greedy %s\n",
+               m, vs_gpu, vs_cpu, bf16_alone, agree, n - m, memcmp(g_ref, g_got, sizeof g_ref) ? "DIFFERS" : "same");
+        assert_true(vs_gpu <= bf16_alone + 1e-3);
+        assert_true(vs_cpu <= 1e-2);
+        assert_true(agree >= 0.99 * (n - m));
+        assert_memory_equal(g_ref, g_got, sizeof g_ref);
+    }
+    kda_usage u;
+    kda_engine_usage(gpu, &u);
+    assert_int_equal(u.kv_bytes_used, 0);
+    assert_int_equal(u.cache_bytes, 0);
+    free(ref), free(lc), free(le), free(got);
+    kda_engine_close(gpu), kda_engine_close(cpu), kda_engine_close(emu);
+}
+
+/* Memory: a snapshot of 100 tokens references 7 blocks (6 full + 1 partial);
+ * each restore shares the 6 full ones and copies the partial one; the cache
+ * holds its state plus what no sequence holds; all of it returns to zero. */
+static void test_prefix_snapshot_blocks_are_shared_and_given_back(void **st)
+{
+    (void)st;
+    kda_engine *gpu = px_open("cuda", 4, 2, 0);
+    const kda_model_info *in = kda_engine_info(gpu);
+    const size_t blk = 16 * in->kv_bytes_per_token, state = in->snapshot_bytes_each;
+    char err[256];
+    int a, snap, r1, r2;
+    kda_usage u;
+    assert_int_equal(kda_seq_new(gpu, &a, err, sizeof err), 0);
+    kda_batch_item p = {.seq = a, .tokens = px_toks, .n_tokens = 100};
+    assert_int_equal(kda_engine_step(gpu, &p, 1, err, sizeof err), 0);
+    assert_int_equal(kda_snapshot_take(gpu, a, &snap, err, sizeof err), 0);
+    kda_engine_usage(gpu, &u);
+    assert_int_equal(u.kv_bytes_used, 7 * blk); /* shared with the snapshot, held by the sequence */
+    assert_int_equal(u.cache_bytes, state);
+    kda_seq_free(gpu, a);
+    kda_engine_usage(gpu, &u);
+    assert_int_equal(u.kv_bytes_used, 0);
+    assert_int_equal(u.cache_bytes, state + 7 * blk);
+    assert_int_equal(kda_seq_new(gpu, &r1, err, sizeof err), 0);
+    assert_int_equal(kda_seq_new(gpu, &r2, err, sizeof err), 0);
+    assert_int_equal(kda_seq_restore(gpu, r1, snap, px_toks, 200, err, sizeof err), 0);
+    assert_int_equal(kda_seq_restore(gpu, r2, snap, px_toks, 200, err, sizeof err), 0);
+    kda_engine_usage(gpu, &u);
+    assert_int_equal(u.kv_bytes_used, (6 + 2) * blk); /* 6 shared + one private copy each */
+    assert_int_equal(u.cache_bytes, state + blk);    /* the snapshot's own partial block */
+    /* both continue differently in one batched decode step, each as if uncached */
+    float l1[PX_VOC], l2[PX_VOC], ref1[PX_VOC], ref2[PX_VOC], *tmp = malloc((size_t)101 * PX_VOC * 4);
+    int32_t t1 = 7, t2 = 9;
+    kda_batch_item d[2] = {{.seq = r1, .tokens = &t1, .n_tokens = 1, .logits = l1},
+                           {.seq = r2, .tokens = &t2, .n_tokens = 1, .logits = l2}};
+    assert_int_equal(kda_engine_step(gpu, d, 2, err, sizeof err), 0);
+    int32_t seq1[101], seq2[101];
+    memcpy(seq1, px_toks, 400), memcpy(seq2, px_toks, 400);
+    seq1[100] = t1, seq2[100] = t2;
+    px_all_logits(gpu, seq1, 101, tmp);
+    memcpy(ref1, tmp + (size_t)100 * PX_VOC, sizeof ref1);
+    px_all_logits(gpu, seq2, 101, tmp);
+    memcpy(ref2, tmp + (size_t)100 * PX_VOC, sizeof ref2);
+    printf("two restores decoding together: rel L2 %.2e and %.2e against uncached\n", kt_rel(l1, ref1, PX_VOC),
+           kt_rel(l2, ref2, PX_VOC));
+    assert_true(kt_rel(l1, ref1, PX_VOC) < 1e-2 && kt_rel(l2, ref2, PX_VOC) < 1e-2);
+    assert_int_equal(px_argmax(l1), px_argmax(ref1));
+    assert_int_equal(px_argmax(l2), px_argmax(ref2));
+    kda_seq_free(gpu, r1);
+    kda_seq_free(gpu, r2);
+    kda_snapshot_drop(gpu, snap);
+    kda_engine_usage(gpu, &u);
+    assert_int_equal(u.kv_bytes_used, 0);
+    assert_int_equal(u.cache_bytes, 0);
+    assert_int_equal(u.snaps_used, 0);
+    free(tmp);
+    kda_engine_close(gpu);
+}
+
 int main(void)
 {
     kt_skip_without_gpu();
@@ -582,6 +784,14 @@ int main(void)
         fprintf(stderr, "checkpoint generation failed\n");
         return 1;
     }
+    static const char text[] =
+        "Shall I compare thee to a summer's day?\nThou art more lovely and more temperate:\n"
+        "Rough winds do shake the darling buds of May,\nAnd summer's lease hath all too short a date;\n"
+        "Sometime too hot the eye of heaven shines,\nAnd often is his gold complexion dimm'd;\n"
+        "And every fair from fair sometime declines,\nBy chance or nature's changing course untrimm'd;\n"
+        "But thy eternal summer shall not fade,\nNor lose possession of that fair thou ow'st;\n";
+    px_n = (int)strlen(text);
+    for (int i = 0; i < px_n; i++) px_toks[i] = (unsigned char)text[i];
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_teacher_forced_logits_match_cpu_demo_contract),
         cmocka_unit_test(test_teacher_forced_logits_match_cpu_tiny),
@@ -593,6 +803,8 @@ int main(void)
         cmocka_unit_test(test_score_is_the_same_alone_batched_and_split),
         cmocka_unit_test(test_prefill_then_decode_matches_cpu),
         cmocka_unit_test(test_teacher_forced_logits_match_cpu_17b),
+        cmocka_unit_test(test_prefix_restore_matches_uncached_and_cpu),
+        cmocka_unit_test(test_prefix_snapshot_blocks_are_shared_and_given_back),
     };
     /* KDA_TEST_ONLY=SUBSTRING runs only the tests whose name contains it */
     const char *only = getenv("KDA_TEST_ONLY");

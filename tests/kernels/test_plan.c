@@ -87,6 +87,16 @@ static void test_layout_regions_are_aligned_ordered_and_inside_the_pool(void **s
     cp_layout again;
     cp_layout_compute(&again, &d, &cfg, 1000);
     assert_memory_equal(&lo, &again, sizeof lo);
+    /* prefix snapshots: n_snaps more state slots right after the sequences',
+     * 19.3 MiB each (the whole KDA state of one sequence) */
+    assert_int_equal(lo.snap_bytes, 0);
+    d.n_snaps = 100;
+    cp_layout ls;
+    cp_layout_compute(&ls, &d, &cfg, 1000);
+    assert_int_equal(ls.snap_state, lo.state + lo.state_bytes);
+    assert_int_equal(ls.snap_bytes, (size_t)100 * 18 * (1048576 + 3 * 3 * 2048 * 4));
+    assert_int_equal(ls.total - lo.total, ls.snap_bytes);
+    assert_int_equal(ls.h, ls.snap_state + ls.snap_bytes);
 }
 
 static void test_fitting_the_pool_to_a_budget(void **st)
@@ -109,6 +119,11 @@ static void test_fitting_the_pool_to_a_budget(void **st)
     assert_int_equal(cp_layout_fit(&lo, &d, &cfg, budget, err, sizeof err), 0);
     assert_true(lo.total <= budget);
     assert_true(lo.n_blocks >= 3 * d.max_blocks - 1 && lo.n_blocks <= 3 * d.max_blocks);
+    /* snapshot slots are part of the fixed part and named when it does not fit */
+    d.n_snaps = 64;
+    assert_int_equal(cp_layout_fit(&lo, &d, &cfg, fixed + 60 * d.slot_floats * 4, err, sizeof err), KDA_ENOMEM);
+    assert_non_null(strstr(err, "prefix snapshots"));
+    d.n_snaps = 0;
     /* a huge budget: capped at max_seqs full contexts */
     assert_int_equal(cp_layout_fit(&lo, &d, &cfg, (size_t)1 << 40, err, sizeof err), 0);
     assert_int_equal(lo.n_blocks, 8 * d.max_blocks);
@@ -193,6 +208,107 @@ static void test_kv_blocks_are_never_shared_under_random_use(void **st)
         }
         assert_int_equal(held + a.n_free, NB);
     }
+    kv_alloc_free(&a);
+}
+
+/* Prefix snapshots share KV blocks with slots and with each other. Under
+ * random appends, releases, snapshot takes / drops and restores, every holder
+ * (slot or snapshot) must read back exactly the tokens of its own history at
+ * every position it holds, the reference counts must match the holders, and
+ * a block must be free exactly when nobody holds it. */
+static void test_shared_kv_blocks_read_back_each_holders_own_tokens(void **st)
+{
+    (void)st;
+    enum { NB = 120, SLOTS = 6, MAXB = 20, CAP = MAXB * KV_BLK, SNAPS = 10 };
+    kv_alloc a;
+    assert_int_equal(kv_alloc_init(&a, NB, SLOTS, MAXB), 0);
+    static int32_t content[NB][KV_BLK];                   /* what each block row holds (a token stand-in) */
+    static int32_t slot_hist[SLOTS][CAP], snap_tok[SNAPS][CAP], snap_blk[SNAPS][MAXB];
+    int slot_len[SLOTS] = {0}, snap_len[SNAPS], snap_nb[SNAPS], snap_live[SNAPS] = {0};
+    int restores = 0, partial_copies = 0, takes = 0;
+    uint64_t r = 11;
+    int32_t next_token = 1;
+    for (int it = 0; it < 30000; it++) {
+        r = r * 6364136223846793005ull + 1442695040888963407ull;
+        const int s = (int)(r >> 33) % SLOTS, k = (int)(r >> 45) % SNAPS, op = (int)(r >> 20) % 8;
+        if (op <= 2) { /* append 1..40 tokens */
+            const int n = 1 + (int)(r >> 40) % 40, len = slot_len[s];
+            int f, l;
+            if (len + n > CAP || kv_alloc_reserve(&a, s, len + n, &f, &l)) continue;
+            const int32_t *row = a.table + (size_t)s * MAXB;
+            for (int p = len; p < len + n; p++) {
+                slot_hist[s][p] = next_token;
+                content[row[p / KV_BLK]][p % KV_BLK] = next_token++;
+            }
+            slot_len[s] = len + n;
+        } else if (op == 3) {
+            kv_alloc_release(&a, s);
+            slot_len[s] = 0;
+        } else if (op == 4 && slot_len[s] > 0 && !snap_live[k]) {
+            snap_len[k] = slot_len[s];
+            snap_nb[k] = kv_alloc_snap_ref(&a, s, snap_len[k], snap_blk[k]);
+            assert_int_equal(snap_nb[k], (snap_len[k] + KV_BLK - 1) / KV_BLK);
+            memcpy(snap_tok[k], slot_hist[s], (size_t)snap_len[k] * sizeof(int32_t));
+            snap_live[k] = 1;
+            takes++;
+        } else if (op == 5 && snap_live[k]) {
+            kv_alloc_snap_unref(&a, snap_blk[k], snap_nb[k]);
+            snap_live[k] = 0;
+        } else if (op >= 6 && snap_live[k]) { /* restore into slot s */
+            kv_alloc_release(&a, s);
+            slot_len[s] = 0;
+            const int free_before = a.n_free;
+            int from, to, last;
+            const int rc = kv_alloc_restore(&a, s, snap_blk[k], snap_len[k], &from, &to, &last);
+            if (rc) {
+                assert_int_equal(a.n_free, 0);
+                assert_int_equal(a.nblk[s], 0);
+                continue;
+            }
+            assert_int_equal(last, snap_nb[k]);
+            if (snap_len[k] % KV_BLK) { /* the partial block is a private copy */
+                assert_true(from == snap_blk[k][snap_nb[k] - 1] && to != from);
+                assert_int_equal(a.n_free, free_before - 1);
+                memcpy(content[to], content[from], sizeof content[to]);
+                partial_copies++;
+            } else {
+                assert_true(from == -1 && to == -1 && a.n_free == free_before);
+            }
+            memcpy(slot_hist[s], snap_tok[k], (size_t)snap_len[k] * sizeof(int32_t));
+            slot_len[s] = snap_len[k];
+            restores++;
+        }
+        /* every holder reads its own tokens */
+        for (int q = 0; q < SLOTS; q++) {
+            assert_true(a.nblk[q] >= (slot_len[q] + KV_BLK - 1) / KV_BLK);
+            for (int p = 0; p < slot_len[q]; p++)
+                assert_int_equal(content[a.table[q * MAXB + p / KV_BLK]][p % KV_BLK], slot_hist[q][p]);
+        }
+        for (int q = 0; q < SNAPS; q++)
+            for (int p = 0; snap_live[q] && p < snap_len[q]; p++)
+                assert_int_equal(content[snap_blk[q][p / KV_BLK]][p % KV_BLK], snap_tok[q][p]);
+        /* reference counts are the holders; free exactly when unheld */
+        int seq_refs[NB] = {0}, snap_refs[NB] = {0}, in_free[NB] = {0}, snap_only = 0;
+        for (int q = 0; q < SLOTS; q++)
+            for (int b = 0; b < a.nblk[q]; b++) seq_refs[a.table[q * MAXB + b]]++;
+        for (int q = 0; q < SNAPS; q++)
+            for (int b = 0; snap_live[q] && b < snap_nb[q]; b++) snap_refs[snap_blk[q][b]]++;
+        for (int f = 0; f < a.n_free; f++) in_free[a.free_list[f]]++;
+        for (int b = 0; b < NB; b++) {
+            assert_int_equal(a.seq_refs[b], seq_refs[b]);
+            assert_int_equal(a.snap_refs[b], snap_refs[b]);
+            assert_int_equal(in_free[b], seq_refs[b] + snap_refs[b] == 0);
+            snap_only += seq_refs[b] == 0 && snap_refs[b] > 0;
+        }
+        assert_int_equal(a.n_snap_only, snap_only);
+    }
+    printf("takes %d, restores %d (%d with a partial-block copy)\n", takes, restores, partial_copies);
+    assert_true(takes > 500 && restores > 1000 && partial_copies > 500); /* the paths were exercised */
+    for (int q = 0; q < SLOTS; q++) kv_alloc_release(&a, q);
+    for (int q = 0; q < SNAPS; q++)
+        if (snap_live[q]) kv_alloc_snap_unref(&a, snap_blk[q], snap_nb[q]);
+    assert_int_equal(a.n_free, NB);
+    assert_int_equal(a.n_snap_only, 0);
     kv_alloc_free(&a);
 }
 
@@ -290,6 +406,7 @@ int main(void)
         cmocka_unit_test(test_fitting_the_pool_to_a_budget),
         cmocka_unit_test(test_kv_pool_full_refuses_and_takes_nothing),
         cmocka_unit_test(test_kv_blocks_are_never_shared_under_random_use),
+        cmocka_unit_test(test_shared_kv_blocks_read_back_each_holders_own_tokens),
         cmocka_unit_test(test_decode_steps_pad_to_their_graph_bucket),
         cmocka_unit_test(test_prompt_chunks_are_cut_into_ordered_passes),
     };

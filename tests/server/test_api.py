@@ -61,7 +61,8 @@ ref = cli_generate(model, prompt_ids, 24, ["--ignore-eos"])
 if ref is not None:
     check(g["tokens"] == ref, "greedy /generate equals kda-cli generate", f"{g['tokens']} vs {ref}")
 check(len(g["tokens"]) == 24 and g["finish_reason"] == "length", "max_tokens reached -> finish_reason length")
-check(g["usage"] == {"prompt_tokens": len(prompt_ids), "completion_tokens": 24, "total_tokens": len(prompt_ids) + 24},
+check(g["usage"] == {"prompt_tokens": len(prompt_ids), "completion_tokens": 24, "total_tokens": len(prompt_ids) + 24,
+                     "prompt_tokens_details": {"cached_tokens": 0}},
       "usage counts prompt and completion tokens", str(g["usage"]))
 check(all(k in g["timings"] for k in ("queue_ms", "prompt_ms", "generation_ms", "ttft_ms")), "timings are reported")
 g2 = gen({"prompt": "The quick brown fox", "max_tokens": 24, "temperature": 0, "ignore_eos": True})
