@@ -23,7 +23,16 @@ SRC = os.environ.get("KDA_SRC", os.path.abspath(os.path.join(os.path.dirname(__f
 BUILD = os.environ.get("KDA_BUILD", os.path.join(SRC, "build"))
 SERVER = os.environ.get("KDA_SERVER", os.path.join(BUILD, "server", "kda-server"))
 CLI = os.path.join(BUILD, "cli", "kda-cli")
-GEN_PYTHON = "/usr/bin/python3"   # Debian's python sees python3-numpy/torch
+def _gen_python():
+    """A Python that can run gen_checkpoint.py (it needs numpy): Debian's sees
+    python3-numpy here; on the GPU machine only the one running the test has it."""
+    for py in ("/usr/bin/python3", sys.executable):
+        if py and subprocess.run([py, "-c", "import numpy"], capture_output=True).returncode == 0:
+            return py
+    return "/usr/bin/python3"
+
+
+GEN_PYTHON = _gen_python()
 
 try:
     import requests  # noqa: F401
