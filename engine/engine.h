@@ -66,6 +66,9 @@ typedef struct {
     int attn_split;      /* CUDA: force one decode-attention split size 32/64/128/256 (0 = by shape) */
     int fast_prefill;    /* CUDA: prompt chunks through the chunked KDA kernel, flash prefill attention
                             and the fused log-prob kernel (1); 0 = the per-token kernels */
+    int mixed_pass;      /* CUDA: a step with decoding sequences and prompt chunks is one pass, the
+                            one-token items through the decode kernels (1); 0 = a decode graph, then
+                            a prompt pass */
     int prefill_rows;    /* CUDA: rows of one prefill pass (8192; at least the decode batch bucket) */
     int attn_prefill_variant; /* CUDA: prefill attention kernel variant 0-3 (0 = default; ops_attn_prefill.cu) */
     int kda_chunk_gemm;  /* CUDA: chunked KDA matrix arithmetic: 0 tf32, 1 3xtf32, 2 plain fp32 (kda_chunk.h) */

@@ -6,7 +6,10 @@
  * + attention, the output projection with the residual added in its epilogue,
  * the MLP; cu_logits then applies the final norm and the lm-head to a block
  * of output rows. Prompt passes (cu_forward_prefill) take the same GEMMs over
- * many rows with the chunked KDA kernel and the prefill attention instead.
+ * many rows with the chunked KDA kernel and the prefill attention instead;
+ * a mixed pass puts its one-token items first and runs them through the
+ * decode KDA and attention kernels, so decoding sequences and prompt chunks
+ * share one read of the weights.
  * Both append the rows' tokens to their slots' device history (the sampler's
  * penalties read it). Everything is stream-ordered and launch-only: decode
  * buckets capture cu_forward + cu_logits into CUDA graphs.
@@ -33,6 +36,7 @@ static int gemm(cuda_backend *b, float *y, int ldy, const uint16_t *x, int ldx, 
     return kc_gemm(b->cublas, y, ldy, x, ldx, W, T, N, K, beta, s);
 }
 
+/* rows [0, T) belong to items [0, n_items) */
 static int kda_mixer(cuda_backend *b, const cu_layer *w, int T, int n_items, cudaStream_t s)
 {
     const cp_dims *d = &b->d;
@@ -176,7 +180,10 @@ int cu_logits(cuda_backend *b, int k0, int n, char *err, size_t errlen)
 
 /* ---- prompt passes: thousands of rows of many items at once ---- */
 
-static int kda_mixer_prefill(cuda_backend *b, const cu_layer *w, int T, int n_items, char *err, size_t errlen)
+/* Items [i0, n_items) of the pass through the chunked kernel; the low-rank
+ * GEMMs cover all T rows (the decode kernel of items [0, i0), which ran
+ * before in stream order, is done with the scratch they overwrite). */
+static int kda_mixer_prefill(cuda_backend *b, const cu_layer *w, int T, int i0, int n_items, char *err, size_t errlen)
 {
     const cp_dims *d = &b->d;
     cudaStream_t s = b->st;
@@ -194,10 +201,10 @@ static int kda_mixer_prefill(cuda_backend *b, const cu_layer *w, int T, int n_it
     a.ldp = d->ldp;
     a.off_beta = d->kda_off_beta;
     a.lowrank = b->lowrank;
-    a.item_row0 = b->dm.item_row0;
-    a.item_ntok = b->dm.item_ntok;
-    a.item_slot = b->dm.item_slot;
-    a.n_items = n_items;
+    a.item_row0 = b->dm.item_row0 + i0;
+    a.item_ntok = b->dm.item_ntok + i0;
+    a.item_slot = b->dm.item_slot + i0;
+    a.n_items = n_items - i0;
     a.T = T;
     a.state = b->state + (size_t)w->kda_idx * d->kda_layer_floats;
     a.slot_stride = d->slot_floats;
@@ -220,8 +227,11 @@ static int kda_mixer_prefill(cuda_backend *b, const cu_layer *w, int T, int n_it
     return 0;
 }
 
-static int gqa_mixer_prefill(cuda_backend *b, const cu_layer *w, int T, int n_items, int max_ctx, char *err,
-                             size_t errlen)
+/* q/k norm, RoPE and the K/V append for all T rows; rows [0, n_dec) (items
+ * [0, n_dec), one token each) through the decode attention, the other items
+ * through the prefill attention. */
+static int gqa_mixer_prefill(cuda_backend *b, const cu_layer *w, int T, int n_dec, int n_items, int max_ctx,
+                             char *err, size_t errlen)
 {
     const cp_dims *d = &b->d;
     kc_gqa_args a;
@@ -244,14 +254,22 @@ static int gqa_mixer_prefill(cuda_backend *b, const cu_layer *w, int T, int n_it
     a.block_table = b->d_table;
     a.max_blocks = d->max_blocks;
     KC_CHECK(kc_gqa_qkv(&a, b->st)); /* q/k norm + RoPE, K/V appended to the cache */
+    if (n_dec) {
+        const int split = cu_attn_split(b, n_dec), nsplit = (d->max_seq_len + split - 1) / split;
+        a.T = n_dec;
+        KC_CHECK(kc_gqa_attn(&a, b->opart, b->ml, nsplit, split, b->ybuf, d->Hq * d->hd, b->st));
+        a.T = T;
+    }
     const kc_attn_prefill_tuning tune = {.variant = b->tn.attn_prefill_variant, .split_keys = b->tn.attn_prefill_split};
-    KC_CHECK(kc_attn_prefill(&a, b->dm.item_row0, b->dm.item_ntok, b->dm.item_pos0, b->dm.item_slot, n_items, max_ctx,
-                             b->ybuf, d->Hq * d->hd, b->attn_ws, d->attn_prefill_ws, &tune, b->st));
+    if (n_items > n_dec)
+        KC_CHECK(kc_attn_prefill(&a, b->dm.item_row0 + n_dec, b->dm.item_ntok + n_dec, b->dm.item_pos0 + n_dec,
+                                 b->dm.item_slot + n_dec, n_items - n_dec, max_ctx, b->ybuf, d->Hq * d->hd, b->attn_ws,
+                                 d->attn_prefill_ws, &tune, b->st));
     PROF(b, KDA_PROF_ATTN);
     return 0;
 }
 
-int cu_forward_prefill(cuda_backend *b, int T, int n_items, int max_ctx, char *err, size_t errlen)
+int cu_forward_prefill(cuda_backend *b, int T, int n_items, int n_dec, int max_ctx, char *err, size_t errlen)
 {
     const cp_dims *d = &b->d;
     const int D = d->D;
@@ -267,8 +285,13 @@ int cu_forward_prefill(cuda_backend *b, int T, int n_items, int max_ctx, char *e
         KC_CHECK(gemm(b, b->proj, d->ldp, b->xn, D, w->w_mix, T, w->n_mix, D, 0.0f, s));
         PROF(b, KDA_PROF_GEMM);
         const int kda = b->c->kind[l] == KDA_LAYER_KDA;
-        int rc = kda ? kda_mixer_prefill(b, w, T, n_items, err, errlen)
-                     : gqa_mixer_prefill(b, w, T, n_items, max_ctx, err, errlen);
+        int rc = 0;
+        if (kda && n_dec) { /* the one-token items through the decode step kernel first */
+            KC_CHECK(kda_mixer(b, w, n_dec, n_dec, s));
+            PROF(b, KDA_PROF_KDA);
+        }
+        if (kda && n_items > n_dec) rc = kda_mixer_prefill(b, w, T, n_dec, n_items, err, errlen);
+        if (!kda) rc = gqa_mixer_prefill(b, w, T, n_dec, n_items, max_ctx, err, errlen);
         if (rc) return rc;
         const int ycols = kda ? d->HV : d->Hq * d->hd;
         KC_CHECK(gemm(b, b->h, D, b->ybuf, ycols, w->w_o, T, D, ycols, 1.0f, s));

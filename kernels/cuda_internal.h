@@ -143,7 +143,8 @@ int cu_attn_split(const cuda_backend *b, int T);
 /* the layers over T rows (decode kernels: per-token KDA, flash-decoding) */
 int cu_forward(cuda_backend *b, int T, int n_items, int split, char *err, size_t errlen);
 /* the same through the prefill kernels (chunked KDA, prefill attention) */
-int cu_forward_prefill(cuda_backend *b, int T, int n_items, int max_ctx, char *err, size_t errlen);
+/* items [0, n_dec) of the pass are one-token items on rows [0, n_dec) */
+int cu_forward_prefill(cuda_backend *b, int T, int n_items, int n_dec, int max_ctx, char *err, size_t errlen);
 /* final norm + lm-head of out rows [k0, k0 + n) into logits [n, vocab] (n <= TM) */
 int cu_logits(cuda_backend *b, int k0, int n, char *err, size_t errlen);
 /* cuda_step.cu */

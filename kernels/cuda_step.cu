@@ -3,7 +3,8 @@
  * items and reserved their KV blocks (engine.c), so nothing here can fail but
  * the device. A decode step (every item one token) is packed into one pass
  * and replays the CUDA graph of its batch bucket; prompt chunks run eagerly in
- * passes of at most TM rows (cuda_plan.c packs both). After each pass the
+ * passes of at most PM rows (cuda_plan.c packs both), with a step's decoding
+ * sequences in the first pass (tuning mixed_pass) or in their own graph. After each pass the
  * requested outputs of its rows are computed on the device and copied back:
  * sampled tokens with their log-probs and top-n (kc_sample, penalties over the
  * device-side token history, logit_bias), per-position top-n (the same
@@ -244,16 +245,23 @@ static int step(cuda_backend *b, const step_item *items, int n, char *err, size_
     int decode = n <= d->TM, n1 = 0;
     for (int i = 0; i < n; i++) n1 += items[i].it->n_tokens == 1;
     decode = decode && n1 == n;
+    int n_dec = 0; /* one-token items at the head of the first pass, through the decode kernels */
     if (!decode && n1 && b->fast_prefill) {
-        /* decoding sequences and prompt chunks in one step: the one-token
-         * items replay their decode graph, the chunks take a prompt pass, so
-         * decode costs what it costs alone (run through the prompt kernels,
-         * 256 one-token items made a step 3x slower on the H200) */
+        /* decoding sequences and prompt chunks in one step, the one-token
+         * items first. mixed_pass: one pass over all rows, the one-token
+         * items through the decode KDA and attention kernels, so the weights
+         * are read once; otherwise the one-token items replay their decode
+         * graph and the chunks take a prompt pass (through the prompt
+         * kernels, 256 one-token items made a step 3x slower on the H200) */
         step_item *one = b->split_items, *many = b->split_items + n1;
         int a = 0, c = 0;
         for (int i = 0; i < n; i++) (items[i].it->n_tokens == 1 ? one[a++] : many[c++]) = items[i];
-        int rc = step(b, one, a, err, errlen);
-        return rc ? rc : step(b, many, c, err, errlen);
+        if (!b->tn.mixed_pass || n1 > d->TM) {
+            int rc = step(b, one, a, err, errlen);
+            return rc ? rc : step(b, many, c, err, errlen);
+        }
+        items = b->split_items;
+        n_dec = n1;
     }
     int *row_item = b->row_item, *row_tok = b->row_tok, rc = 0;
     cu_use_meta(b, !decode);
@@ -273,8 +281,10 @@ static int step(cuda_backend *b, const step_item *items, int n, char *err, size_
         const int T = cp_pack_pass(&b->hm, items, n, b->done, rows, &ni, &no, &ctx, row_item, row_tok);
         if (T == 0) break;
         if ((rc = cu_upload_meta(b, err, errlen))) return rc;
-        rc = b->fast_prefill ? cu_forward_prefill(b, T, ni, ctx, err, errlen)
+        /* the first pass packs the n_dec one-token items first (n_dec <= TM <= PM) */
+        rc = b->fast_prefill ? cu_forward_prefill(b, T, ni, n_dec, ctx, err, errlen)
                              : cu_forward(b, T, ni, cu_attn_split(b, T), err, errlen);
+        n_dec = 0;
         for (int k0 = 0; !rc && k0 < no; k0 += d->TM) {
             const int nb = no - k0 < d->TM ? no - k0 : d->TM;
             rc = cu_logits(b, k0, nb, err, errlen);
