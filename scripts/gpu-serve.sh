@@ -10,6 +10,9 @@
 #      of 512 mixed clients with 3 x 8000-token /score each, until 20 rounds or KDA_BURST_BUDGET
 #      seconds -> $OUT/burst.txt.
 # Logs (server logs, engine output, nvidia-smi, ulimit) in $OUT/logs.tgz.
+#   4. KDA_SERVE_VARIANTS="name=kda-server flags;name=flags": bench-serve.sh again at
+#      C = KDA_SERVE_VARIANT_LEVELS (64,256) per variant -> $OUT/serve-NAME.json, to compare
+#      scheduler and tuning choices in the same call (e.g. "split=--tuning mixed_pass=0").
 # KDA_GPU_SERVE_SKIP=bench|burst skips a part. Dry run here on the CPU:
 #   KDA_GPU_SERVE_DRY=1 bash scripts/gpu-serve.sh   (build/, models/demo, tiny levels)
 source "$(dirname "$0")/gpu-env.sh"
@@ -47,5 +50,14 @@ if [ "${KDA_GPU_SERVE_SKIP:-}" != burst ]; then
   r=$?; [ $r = 0 ] || rc=1; echo "== test_burst rc=$r"
   grep -E "round|PASS|FAIL|budget|requests in" "$OUT/burst.txt" | tail -40
 fi
+IFS=';' read -ra variants <<< "${KDA_SERVE_VARIANTS:-}"
+for v in "${variants[@]}"; do
+  name=${v%%=*}; vflags=${v#*=}
+  echo "== variant $name: kda-server $vflags"
+  KDA_BUILD=$B KDA_SERVE_LEVELS=${KDA_SERVE_VARIANT_LEVELS:-64,256} KDA_SERVE_FLAGS="$vflags" \
+    KDA_SERVE_NOTE="1.7B shape, random bf16, commit $KDA_COMMIT, variant $name: $vflags" \
+    timeout 150 bash scripts/bench-serve.sh "$M17" "$LOG/serve-$name" --device "$DEVICE" 2>&1 | tail -8
+  cp "$LOG/serve-$name/results.json" "$OUT/serve-$name.json" 2>/dev/null
+done
 tar czf "$OUT/logs.tgz" -C /tmp kda-logs
 exit $rc
