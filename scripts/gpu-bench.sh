@@ -5,6 +5,8 @@
 #   1. scripts/bench-gpu.sh: our decode grid, prefill and score points (and
 #      their device-time shares with prof=1), then the PyTorch + fla
 #      baseline's same points -> $OUT/results.json;
+#   1b. scripts/bench_score_server.py: /score 1 x 8192 and 4 x 8192 through kda-server beside
+#      the engine's figures of step 1 -> $OUT/score-server.json;
 #   2. the prefill kernels' own benchmarks (test_kda_chunk --bench,
 #      test_prefill_ops --bench) -> $OUT/kernels-bench.txt;
 #   3. scripts/gpu-serve.sh: kda-server under C = 1/16/64/256 streaming clients
@@ -13,7 +15,7 @@
 #   4. scripts/bench_prefix.py: the prefix cache on vs off (shared system
 #      prompt under concurrency, lm-eval-style scoring, a 10-turn chat)
 #      -> $OUT/prefix-h200.json.
-# KDA_BENCH_SKIP="engine kernels serve prefix" skips parts. Logs: $OUT/logs.tgz.
+# KDA_BENCH_SKIP="engine score-server kernels serve prefix" skips parts. Logs: $OUT/logs.tgz.
 source "$(dirname "$0")/gpu-env.sh"
 export KDA_COMMIT=${KDA_COMMIT:-$(cat .carry/commit 2>/dev/null || echo unknown)}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -31,6 +33,12 @@ if ! skip engine; then
   timeout ${KDA_BENCH_ENGINE_S:-330} bash scripts/bench-gpu.sh $B "$LOG/engine" .carry/baseline_torch_fla.py "$M17" \
     || rc=1
   cp "$LOG/engine/results.json" "$OUT/" 2>/dev/null
+fi
+if ! skip score-server; then
+  echo "== /score through kda-server vs the engine"
+  ours timeout ${KDA_BENCH_SCORE_SERVER_S:-120} python3 scripts/bench_score_server.py --server $B/server/kda-server \
+    --model "$M17" --device cuda --points 1:8192,4:8192 --reps 5 --engine-json "$LOG/engine/results.json" \
+    --log "$LOG/score-server.log" --out "$OUT/score-server.json" || rc=1
 fi
 if ! skip kernels; then
   echo "== kernel benchmarks"

@@ -1,0 +1,87 @@
+#!/usr/bin/env python3
+"""/score through kda-server against the engine's own figure (issue 12: "/score 1 x 8192 through
+kda-server within 10% of the engine figure").
+
+Starts kda-server (prefix cache off, so no request reuses another's work), sends B concurrent
+/score requests of T random token ids, REPS times after one warm-up round, and reports the
+wall time per round (client-side: request sent to last response read, JSON included). With
+--engine-json (bench-gpu.sh's results.json or kda-cli bench --json) it puts the engine's
+figure for the same B x T beside it.
+
+  bench_score_server.py --server build/server/kda-server --model DIR --device cuda \
+      --points 1:8192,4:8192 --engine-json results.json --out score-server.json
+"""
+import argparse
+import concurrent.futures
+import json
+import os
+import random
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_prefix import Server  # noqa: E402
+
+
+def engine_ms(path, B, T):
+    if not path or not os.path.exists(path):
+        return None
+    d = json.load(open(path))
+    for p in d.get("prefill", []):
+        if p.get("kind") == "score" and p.get("B") == B and p.get("T") == T:
+            return p.get("ours_ms", p.get("ms"))
+    return None
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--server", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--points", default="1:8192,4:8192", help="B:T,...")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--engine-json")
+    ap.add_argument("--log", default="/tmp/score-server.log")
+    ap.add_argument("--out")
+    a = ap.parse_args()
+    vocab = json.load(open(os.path.join(a.model, "config.json")))["vocab_size"]
+    points = [tuple(int(x) for x in p.split(":")) for p in a.points.split(",")]
+    maxb = max(b for b, _ in points)
+    maxt = max(t for _, t in points)
+    flags = ["--device", a.device, "--prefix-cache", "off", "--max-batch", str(max(maxb, 8)),
+             "--max-seq-len", str(maxt + 16), "--log-level", "warn"]
+    srv = Server(a.server, a.model, flags, a.log, dict(os.environ))
+    rng = random.Random(7)
+    res = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": os.environ.get("KDA_COMMIT"),
+           "model": a.model, "device": a.device, "reps": a.reps, "points": []}
+    try:
+        with concurrent.futures.ThreadPoolExecutor(maxb) as pool:
+            for B, T in points:
+                def one(_):
+                    toks = [rng.randrange(3, vocab) for _ in range(T)]
+                    r = srv.post("/score", {"tokens": toks})
+                    assert len(r["token_logprobs"]) in (T, T - 1), len(r["token_logprobs"])
+                    return r
+
+                list(pool.map(one, range(B)))  # warm-up round
+                walls = []
+                for _ in range(a.reps):
+                    t0 = time.perf_counter()
+                    list(pool.map(one, range(B)))
+                    walls.append((time.perf_counter() - t0) * 1e3)
+                e = engine_ms(a.engine_json, B, T)
+                p = {"B": B, "T": T, "server_ms_median": round(statistics.median(walls), 2),
+                     "server_ms_min": round(min(walls), 2), "engine_ms": e,
+                     "server_over_engine": round(statistics.median(walls) / e, 3) if e else None}
+                res["points"].append(p)
+                print(f"/score {B} x {T}: server {p['server_ms_median']:.1f} ms (min {p['server_ms_min']:.1f})"
+                      + (f", engine {e:.1f} ms, ratio {p['server_over_engine']:.3f}" if e else ""), flush=True)
+    finally:
+        srv.stop()
+    if a.out:
+        json.dump(res, open(a.out, "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()
