@@ -49,8 +49,9 @@ def main():
     points = [tuple(int(x) for x in p.split(":")) for p in a.points.split(",")]
     maxb = max(b for b, _ in points)
     maxt = max(t for _, t in points)
-    flags = ["--device", a.device, "--prefix-cache", "off", "--max-batch", str(max(maxb, 8)),
-             "--max-seq-len", str(maxt + 16), "--log-level", "warn"]
+    flags = ["--device", a.device, "--prefix-cache", "off", "--max-batch", str(max(maxb, 8)), "--log-level", "warn"]
+    if json.load(open(os.path.join(a.model, "config.json"))).get("max_position_embeddings", 0) < maxt:
+        flags += ["--max-seq-len", str(maxt)]
     srv = Server(a.server, a.model, flags, a.log, dict(os.environ))
     rng = random.Random(7)
     res = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": os.environ.get("KDA_COMMIT"),
