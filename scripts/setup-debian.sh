@@ -51,6 +51,22 @@ if ! PYTHONPATH="$LM_DIR" "$PY" -c 'import lm_eval, datasets, pyarrow, pandas, t
     aiosignal==1.4.0 attrs==26.1.0 frozenlist==1.8.0 multidict==7.2.1 propcache==0.5.4 yarl==1.25.1 \
     python-dateutil==2.9.0.post0 six==1.17.0 PyYAML==6.0.3 colorama==0.4.6 wcwidth==0.7.0 typing_extensions==4.16.0
 fi
+# guidellm, the vLLM project's serving benchmark client (tests/server/test_bench_client.py), in
+# its own folder, --no-deps with what `guidellm run` imports, pinned. It runs on Debian's
+# Python over lm-eval's folder (datasets, pyarrow, pandas, numpy: the same versions guidellm
+# resolves) so that python3-torch provides the torch.utils.data loader it needs: its own
+# dependency is a 2.x torch with CUDA wheels, gigabytes. Built for Debian's Python's version.
+GL_DIR=${KDA_GUIDELLM_DIR:-/opt/kda-guidellm}
+DEB_PY_VER=$(/usr/bin/python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+if ! PYTHONPATH="$GL_DIR:$LM_DIR" /usr/bin/python3 -c 'import guidellm, transformers, datasets, torch.utils.data' 2>/dev/null; then
+  pip_install --no-deps --only-binary=:all: --python-version "$DEB_PY_VER" --target "$GL_DIR" guidellm==0.8.1 \
+    transformers==5.24.0 tokenizers==0.23.3 safetensors==0.8.0 regex==2026.11.19 httpx2==2.16.2 httpcore2==2.16.2 truststore==0.10.5 \
+    pydantic==2.14.4 pydantic_core==2.50.5 pydantic-settings==2.16.3 python-dotenv==1.2.4 typing-inspection==0.4.5 \
+    annotated-types==0.8.0 httpx==0.28.1 httpcore==1.0.9 h11==0.16.0 h2==4.4.1 hpack==4.2.0 hyperframe==6.1.0 \
+    anyio==4.16.0 sniffio==1.3.1 certifi==2026.10.19.post1 idna==3.20 click==8.4.2 culsans==0.10.0 aiologic==0.17.1 \
+    wrapt==2.5.2 Faker==40.63.0 ftfy==6.3.1 loguru==0.7.3 msgpack==1.2.4 rich==15.0.0 Pygments==2.21.0 \
+    more-itertools==11.2.1 websockets==17.4 uvloop==0.23.0 Jinja2==3.1.6 MarkupSafe==3.0.4
+fi
 # promtool (the /metrics lint) from Debian's prometheus package, unpacked only: installing
 # the package would also set up a Prometheus service.
 if ! command -v promtool >/dev/null && [ ! -x /opt/kda-promtool/usr/bin/promtool ]; then
