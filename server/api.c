@@ -256,8 +256,8 @@ static int encode_capped(const api_ctx *ctx, const char *text, int add_bos, int 
     size_t text_len = strlen(text);
     /* refused before the ids (4 bytes each, twice over) are built */
     if (max_tokens > 0 && ctx->max_piece_bytes > 0 && text_len / (size_t)ctx->max_piece_bytes > (size_t)max_tokens)
-        return fail_p(e, 400, "prompt", "the text is %zu bytes, at least %zu tokens: more than the %d of %s",
-                      text_len, text_len / (size_t)ctx->max_piece_bytes, max_tokens, cap_name);
+        return fail_p(e, 400, "prompt", "the text is %zu bytes, so at least %zu tokens: it exceeds %s (%d tokens)",
+                      text_len, text_len / (size_t)ctx->max_piece_bytes, cap_name, max_tokens);
     size_t cap = text_len + 2;
     int32_t *out = malloc(cap * sizeof *out);
     if (!out) return fail(e, 500, "out of memory");
@@ -298,8 +298,7 @@ static int encode_capped(const api_ctx *ctx, const char *text, int add_bos, int 
 /* Prompts: a text that cannot fit the context is refused unencoded. */
 static int encode(const api_ctx *ctx, const char *text, int add_bos, int32_t **ids, int *n, api_error *e)
 {
-    return encode_capped(ctx, text, add_bos, ctx->max_seq_len, "the context length (it exceeds the context length)", ids,
-                         n, e);
+    return encode_capped(ctx, text, add_bos, ctx->max_seq_len, "the context length", ids, n, e);
 }
 
 /* "cache_prompt": false bypasses the prefix cache for every task of the
@@ -1496,7 +1495,7 @@ char *api_tokenize(const api_ctx *ctx, const char *body, size_t len, api_error *
         goto out;
     }
     if (encode_capped(ctx, chat_text ? chat_text : text->valuestring, add, ctx->max_tokenize_tokens,
-                      "/tokenize's limit (--max-tokenize-tokens)", &ids, &n, e))
+                      "the /tokenize limit of --max-tokenize-tokens", &ids, &n, e))
         goto out;
     if (ctx->max_tokenize_tokens > 0 && n > ctx->max_tokenize_tokens) {
         fail_p(e, 400, "prompt", "the text is %d tokens: more than the %d /tokenize returns (--max-tokenize-tokens)", n,
