@@ -59,8 +59,8 @@ lane1() {
     --log-level debug > "$LOG/server.txt" 2>&1 &
   spid=$!
   for i in $(seq 150); do curl -sf localhost:8089/health >/dev/null && break; sleep 0.2; done
-  got=$(curl -s localhost:8089/generate -d '{"prompt":"ROMEO:","max_tokens":48,"temperature":0}')
-  gotsse=$(curl -sN localhost:8089/generate -d '{"prompt":"ROMEO:","max_tokens":48,"temperature":0,"stream":true}' | head -c 20000)
+  got=$(curl -s localhost:8089/generate -H 'Content-Type: application/json' -d '{"prompt":"ROMEO:","max_tokens":48,"temperature":0}')
+  gotsse=$(curl -sN localhost:8089/generate -H 'Content-Type: application/json' -d '{"prompt":"ROMEO:","max_tokens":48,"temperature":0,"stream":true}' | head -c 20000)
   kill -TERM $spid; wait $spid; local src=$?
   python3 - "$want" "$got" "$gotsse" <<'PY' > "$LOG/server_check.txt" 2>&1
 import json, sys

@@ -110,6 +110,18 @@ static char *utf8_clean(const char *s, size_t n)
     return out;
 }
 
+/* "[1,2,3]", malloc'd. */
+static char *ids_json(const int32_t *ids, int n)
+{
+    char *s = malloc((size_t)n * 12 + 3), *p = s;
+    if (!s) return NULL;
+    *p++ = '[';
+    for (int i = 0; i < n; i++) p += sprintf(p, i ? ",%d" : "%d", (int)ids[i]);
+    *p++ = ']';
+    *p = '\0';
+    return s;
+}
+
 /* cJSON_CreateIntArray gives NULL (and the member is dropped) for no ids. */
 static cJSON *int_array(const int32_t *ids, int n)
 {
@@ -234,11 +246,19 @@ static const char *next_special(const api_ctx *ctx, const char *p, int32_t *id, 
  * strings become their ids; the text between them is encoded piece by piece
  * (SentencePiece then adds its word-start marker to each piece, as Hugging
  * Face's Llama tokenizer does after a special token). */
-static int encode(const api_ctx *ctx, const char *text, int add_bos, int32_t **ids, int *n, api_error *e)
+/* max_tokens: a text certain to need more is refused unencoded; cap_name
+ * says where the cap comes from. */
+static int encode_capped(const api_ctx *ctx, const char *text, int add_bos, int max_tokens, const char *cap_name,
+                         int32_t **ids, int *n, api_error *e)
 {
     char err[256] = "";
     int bos = add_bos && ctx->bos_id >= 0;
-    size_t cap = strlen(text) + 2;
+    size_t text_len = strlen(text);
+    /* refused before the ids (4 bytes each, twice over) are built */
+    if (max_tokens > 0 && ctx->max_piece_bytes > 0 && text_len / (size_t)ctx->max_piece_bytes > (size_t)max_tokens)
+        return fail_p(e, 400, "prompt", "the text is %zu bytes, so at least %zu tokens: it exceeds %s (%d tokens)",
+                      text_len, text_len / (size_t)ctx->max_piece_bytes, cap_name, max_tokens);
+    size_t cap = text_len + 2;
     int32_t *out = malloc(cap * sizeof *out);
     if (!out) return fail(e, 500, "out of memory");
     int k = 0;
@@ -273,6 +293,12 @@ static int encode(const api_ctx *ctx, const char *text, int add_bos, int32_t **i
     *ids = out;
     *n = k;
     return 0;
+}
+
+/* Prompts: a text that cannot fit the context is refused unencoded. */
+static int encode(const api_ctx *ctx, const char *text, int add_bos, int32_t **ids, int *n, api_error *e)
+{
+    return encode_capped(ctx, text, add_bos, ctx->max_seq_len, "the context length", ids, n, e);
 }
 
 /* "cache_prompt": false bypasses the prefix cache for every task of the
@@ -1468,9 +1494,20 @@ char *api_tokenize(const api_ctx *ctx, const char *body, size_t len, api_error *
         fail_p(e, 400, "prompt", "\"prompt\" (or \"text\") must be a string, or give \"messages\"");
         goto out;
     }
-    if (encode(ctx, chat_text ? chat_text : text->valuestring, add, &ids, &n, e)) goto out;
+    if (encode_capped(ctx, chat_text ? chat_text : text->valuestring, add, ctx->max_tokenize_tokens,
+                      "the /tokenize limit of --max-tokenize-tokens", &ids, &n, e))
+        goto out;
+    if (ctx->max_tokenize_tokens > 0 && n > ctx->max_tokenize_tokens) {
+        fail_p(e, 400, "prompt", "the text is %d tokens: more than the %d /tokenize returns (--max-tokenize-tokens)", n,
+               ctx->max_tokenize_tokens);
+        goto out;
+    }
     cJSON *r = cJSON_CreateObject();
-    cJSON_AddItemToObject(r, "tokens", int_array(ids, n));
+    /* the ids as one raw string: a cJSON node per id would cost 64 bytes each */
+    char *list = ids_json(ids, n);
+    if (!list) { fail(e, 500, "out of memory"); cJSON_Delete(r); goto out; }
+    cJSON_AddRawToObject(r, "tokens", list);
+    free(list);
     cJSON_AddNumberToObject(r, "count", n);
     cJSON_AddNumberToObject(r, "max_model_len", ctx->max_seq_len);
     if (token_strs) cJSON_AddItemToObject(r, "token_strs", pieces_of(ctx, ids, n));
@@ -1578,6 +1615,13 @@ int api_ctx_init(api_ctx *ctx, const char *model_dir, const char *chat_template_
     memset(&ctx->specials, 0, sizeof ctx->specials);
     ctx->created = (long)srv_wall();
     if (chat_template_load(chat_template_flag, model_dir, &ctx->chat, &ctx->specials, err, errlen)) return -1;
+    ctx->max_piece_bytes = 1;
+    if (!tok_is_bytes(ctx->tok))
+        for (int id = 0; id < ctx->vocab_size; id++) {
+            const char *piece = tok_id_to_piece(ctx->tok, id);
+            int len = piece ? (int)strlen(piece) : 0;
+            if (len > ctx->max_piece_bytes) ctx->max_piece_bytes = len;
+        }
     /* without tokenizer_config.json, SentencePiece's own control pieces */
     if (!tok_is_bytes(ctx->tok)) {
         const char *b = ctx->bos_id >= 0 ? tok_id_to_piece(ctx->tok, ctx->bos_id) : NULL;

@@ -22,6 +22,9 @@ typedef struct {
     int max_seq_len;
     const char *model_name; /* served in /v1/models and responses */
     int max_tasks;          /* sequences one request may create (prompts x n) */
+    int max_tokenize_tokens;   /* longest /tokenize result (0: no cap) */
+    int max_piece_bytes;    /* most text bytes one token stands for (api_ctx_init): a text longer
+                             * than N times this needs more than N tokens, known before encoding */
     const kda_model_info *info;   /* family, device, sizes: for /props */
     chat_template *chat;    /* NULL: chat requests get a 400 saying why */
     chat_specials specials; /* bos/eos token strings; in text they stand for the ids (as HF tokenizers parse them) */

@@ -28,6 +28,23 @@
  * Keep-alive comments on idle streams and the hang-up probe of waiting
  * non-streaming requests are timed here, by each loop (loop_tick), so they
  * go out on schedule whatever the engine is doing.
+ *
+ * Hostile clients (README, "Limits"). Every TCP connection has an http_sock
+ * (MHD's socket context, created and freed by on_connection):
+ *  - connections per client address are counted in one table shared by the
+ *    loops; the accept policy refuses a client at its cap, so one address
+ *    cannot fill the global connection limit (slowloris);
+ *  - a connection that is receiving a request sits in its loop's deadline
+ *    queue from the moment it opens (or its previous response ends) until the
+ *    request is complete; the loop shuts down the socket of any connection
+ *    still there at its deadline, however steadily it trickles bytes. The
+ *    timeout is the same for all, so appending keeps the queue sorted and the
+ *    loop only looks at its head;
+ *  - a request body reserves its Content-Length (or, chunked, what it has
+ *    grown to) from a global budget before any of it is stored; a request the
+ *    budget cannot hold gets 503 at once.
+ * Shutdown: http_stop first detaches every job from its connection under the
+ * client's mutex, so the scheduler's wake() never reaches MHD again.
  */
 #include "http.h"
 
@@ -35,6 +52,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <malloc.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -50,6 +68,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "json_budget.h"
 #include "log.h"
 #include "metrics.h"
 #include "webui.h"
@@ -92,9 +111,31 @@ enum { STATE_LOADING, STATE_READY, STATE_DRAINING };
 #define PROBE_S 0.5         /* how often a waiting non-streaming client's socket is checked */
 #define CONN_TIMEOUT_S 120  /* MHD closes a connection idle (not suspended) this long */
 #define MAX_CONNECTIONS 4096
+#define TRIM_BYTES (1u << 20)   /* after a request this large, give freed heap back to the system */
+#define SMALL_BODY (64u << 10)   /* bodies this small may use the budget's reserve */
 
 typedef struct http_conn http_conn;
 typedef struct http_loop http_loop;
+typedef struct http_sock http_sock;
+
+/* A client address: IPv4 as IPv4-mapped IPv6, so one key type serves both. */
+typedef struct { unsigned char a[16]; } client_key;
+
+/* Open connections per client address: open addressing with linear probing,
+ * at least twice as many slots as connections can be open, so it never fills. */
+typedef struct {
+    client_key key;
+    int count;              /* 0: free slot */
+} client_slot;
+
+/* One TCP connection (MHD's socket context; loop thread only). */
+struct http_sock {
+    http_loop *loop;
+    int fd;
+    client_key key;
+    double deadline;        /* the whole request must be in by then; 0: not receiving */
+    http_sock *prev, *next; /* loop's deadline queue, earliest first */
+};
 
 /* One event loop: a daemon and the thread that drives it. */
 struct http_loop {
@@ -106,6 +147,7 @@ struct http_loop {
     int kick_fd;            /* eventfd: a connection was resumed from another thread */
     _Atomic int kicked;     /* kick_fd was written and the loop has not run since */
     http_conn *live;        /* requests with a scheduler job (loop thread only) */
+    http_sock *recv_head, *recv_tail;   /* connections receiving a request, by deadline (loop thread only) */
     double next_tick;
     int quiesced;           /* loop thread only */
 };
@@ -122,6 +164,11 @@ struct http_server {
     _Atomic int stopping;   /* http_stop runs: nothing suspends any more */
     int n_loops;
     http_loop *loops;
+    pthread_mutex_t clients_mu;
+    client_slot *clients;   /* [n_slots], n_slots a power of two */
+    size_t n_slots;
+    _Atomic long n_open;    /* connections, all loops */
+    _Atomic size_t body_bytes;   /* reserved by request bodies being received */
 };
 
 struct http_conn {
@@ -133,7 +180,10 @@ struct http_conn {
     char method[8];
     char url[512];
     char *body; size_t len, cap;
+    size_t reserved;        /* bytes of h->body_bytes this request holds */
     int too_large;
+    int over_budget;        /* chunked body outgrew the budget: discarded, 503 at the end */
+    int big;                /* used TRIM_BYTES or more: trim the heap when done */
     int responded;          /* a response is queued */
     int status;
     api_job *job;
@@ -402,14 +452,218 @@ static void loop_tick(http_loop *l, double now)
     for (http_conn *hc = l->live; hc; hc = hc->next) tick_one(hc, now, l->h->o.heartbeat_s);
 }
 
+/* ---- connections: per-client counts and the whole-request deadline ---- */
+
+static void key_of(const struct sockaddr *addr, client_key *k)
+{
+    memset(k, 0, sizeof *k);
+    if (addr && addr->sa_family == AF_INET6) {
+        memcpy(k->a, &((const struct sockaddr_in6 *)addr)->sin6_addr, 16);
+    } else if (addr && addr->sa_family == AF_INET) {
+        k->a[10] = k->a[11] = 0xff;
+        memcpy(k->a + 12, &((const struct sockaddr_in *)addr)->sin_addr, 4);
+    }
+}
+
+static size_t key_hash(const client_key *k)
+{
+    uint64_t x = 1469598103934665603ull;   /* FNV-1a */
+    for (int i = 0; i < 16; i++) x = (x ^ k->a[i]) * 1099511628211ull;
+    return (size_t)x;
+}
+
+/* The slot holding k, or the free slot where it would go. Caller holds clients_mu. */
+static size_t client_find(const http_server *h, const client_key *k)
+{
+    size_t mask = h->n_slots - 1, i = key_hash(k) & mask;
+    while (h->clients[i].count && memcmp(&h->clients[i].key, k, sizeof *k)) i = (i + 1) & mask;
+    return i;
+}
+
+static int client_count(http_server *h, const client_key *k)
+{
+    pthread_mutex_lock(&h->clients_mu);
+    int n = h->clients[client_find(h, k)].count;
+    pthread_mutex_unlock(&h->clients_mu);
+    return n;
+}
+
+static void client_add(http_server *h, const client_key *k, int delta)
+{
+    pthread_mutex_lock(&h->clients_mu);
+    size_t mask = h->n_slots - 1, i = client_find(h, k);
+    h->clients[i].key = *k;
+    h->clients[i].count += delta;
+    if (h->clients[i].count <= 0) {
+        /* Backward-shift deletion: move up every later entry of the probe run
+         * whose home slot does not lie between the hole and itself. */
+        h->clients[i].count = 0;
+        for (size_t j = (i + 1) & mask; h->clients[j].count; j = (j + 1) & mask) {
+            size_t home = key_hash(&h->clients[j].key) & mask;
+            if (((j - home) & mask) >= ((j - i) & mask)) {
+                h->clients[i] = h->clients[j];
+                h->clients[j].count = 0;
+                i = j;
+            }
+        }
+    }
+    pthread_mutex_unlock(&h->clients_mu);
+}
+
+/* Counts are taken on NOTIFY_STARTED, so several loops accepting at once may
+ * overshoot a client's cap by at most one connection each. */
+static enum MHD_Result on_accept(void *cls, const struct sockaddr *addr, socklen_t addrlen)
+{
+    (void)addrlen;
+    http_server *h = ((http_loop *)cls)->h;
+    if (h->o.max_per_client <= 0) return MHD_YES;
+    client_key k;
+    key_of(addr, &k);
+    if (client_count(h, &k) < h->o.max_per_client) return MHD_YES;
+    metrics_rejected(METRICS_REJECT_CLIENT_CONNECTIONS);
+    srv_log(SRV_LOG_DEBUG, "refused a connection: its client holds %d (--max-connections-per-client)",
+            h->o.max_per_client);
+    return MHD_NO;
+}
+
+static void publish_http_gauges(http_server *h)
+{
+    metrics_http(atomic_load(&h->n_open), (long)atomic_load(&h->body_bytes));
+}
+
+static void deadline_unlink(http_sock *s)
+{
+    if (!s->deadline) return;
+    http_loop *l = s->loop;
+    if (s->prev) s->prev->next = s->next;
+    else l->recv_head = s->next;
+    if (s->next) s->next->prev = s->prev;
+    else l->recv_tail = s->prev;
+    s->prev = s->next = NULL;
+    s->deadline = 0;
+}
+
+/* The connection starts waiting for a whole request. */
+static void deadline_arm(http_sock *s, double now)
+{
+    http_loop *l = s->loop;
+    if (l->h->o.request_timeout_s <= 0) return;
+    deadline_unlink(s);
+    s->deadline = now + l->h->o.request_timeout_s;
+    s->prev = l->recv_tail;
+    if (l->recv_tail) l->recv_tail->next = s;
+    else l->recv_head = s;
+    l->recv_tail = s;
+}
+
+static http_sock *sock_of(struct MHD_Connection *conn)
+{
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
+/* A connection too slow to deliver its request is shut down (not closed:
+ * the descriptor stays MHD's, which sees the hang-up and cleans up as for a
+ * client that went away). */
+static void deadline_sweep(http_loop *l, double now)
+{
+    while (l->recv_head && l->recv_head->deadline <= now) {
+        http_sock *s = l->recv_head;
+        deadline_unlink(s);
+        shutdown(s->fd, SHUT_RDWR);
+        metrics_rejected(METRICS_REJECT_REQUEST_TIMEOUT);
+        srv_log(SRV_LOG_DEBUG, "closed a connection that did not deliver a whole request in %.0fs (--request-timeout)",
+                l->h->o.request_timeout_s);
+    }
+}
+
+static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code)
+{
+    http_loop *l = cls;
+    http_server *h = l->h;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        http_sock *s = calloc(1, sizeof *s);
+        const union MHD_ConnectionInfo *fd = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+        const union MHD_ConnectionInfo *ca = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+        if (!s || !fd) {   /* out of memory: refuse the connection rather than leave it unbounded */
+            free(s);
+            if (fd) shutdown(fd->connect_fd, SHUT_RDWR);
+            return;
+        }
+        s->loop = l;
+        s->fd = fd->connect_fd;
+        key_of(ca ? ca->client_addr : NULL, &s->key);
+        client_add(h, &s->key, 1);
+        deadline_arm(s, srv_now());
+        *socket_context = s;
+        atomic_fetch_add(&h->n_open, 1);
+    } else {
+        http_sock *s = *socket_context;
+        if (!s) return;
+        *socket_context = NULL;
+        deadline_unlink(s);
+        client_add(h, &s->key, -1);
+        free(s);
+        atomic_fetch_sub(&h->n_open, 1);
+    }
+    publish_http_gauges(h);
+}
+
+/* ---- the body budget ---- */
+
+/* The last eighth of the budget is kept for bodies of SMALL_BODY or less, so
+ * large uploads that stall cannot starve ordinary requests. */
+static int budget_take(http_server *h, size_t n)
+{
+    if (!h->o.body_budget) {
+        atomic_fetch_add(&h->body_bytes, n);
+        return 1;
+    }
+    size_t limit = h->o.body_budget;
+    if (n > SMALL_BODY && limit - limit / 8 >= h->o.max_body) limit -= limit / 8;
+    size_t cur = atomic_load(&h->body_bytes);
+    do {
+        if (cur + n > limit) return 0;
+    } while (!atomic_compare_exchange_weak(&h->body_bytes, &cur, cur + n));
+    return 1;
+}
+
+static void budget_give(http_server *h, size_t n)
+{
+    if (n) atomic_fetch_sub(&h->body_bytes, n);
+}
+
 /* ---- dispatch ---- */
+
+/* Around one request's JSON work on this thread (json_budget.h). */
+static void json_begin(http_conn *hc) { json_budget_arm(hc->h->o.max_json); }
+
+/* Returns 1 (and replies 413) when the request needed more JSON memory than allowed. */
+static int json_end(http_conn *hc, char **body)
+{
+    size_t peak = json_budget_disarm();
+    if (peak >= TRIM_BYTES) hc->big = 1;
+    if (!json_budget_exceeded()) return 0;
+    if (body) { free(*body); *body = NULL; }
+    metrics_rejected(METRICS_REJECT_JSON_MEMORY);
+    reply_error(hc, 413, "this request needs more than %zu bytes of memory to parse or answer (--max-json-bytes): "
+                         "send fewer or shorter items", hc->h->o.max_json);
+    return 1;
+}
 
 static enum MHD_Result submit(http_conn *hc, int kind)
 {
     http_server *h = hc->h;
     api_error e = {0};
     api_job *job = NULL;
-    if (api_parse(h->ctx, kind, hc->body ? hc->body : "", hc->len, &job, &e)) return reply_api_error(hc, &e);
+    json_begin(hc);
+    int bad = api_parse(h->ctx, kind, hc->body ? hc->body : "", hc->len, &job, &e);
+    if (json_end(hc, NULL)) {
+        if (!bad) api_job_free(job);
+        return hc->responded ? MHD_YES : MHD_NO;
+    }
+    if (bad) return reply_api_error(hc, &e);
     job->client->wake = wake;
     job->client->wake_arg = hc;
     int rc = sched_submit(h->s, job->client);
@@ -471,10 +725,14 @@ static enum MHD_Result dispatch(http_conn *hc)
     case ROUTE_PROPS: body = webui_props(h->ctx, &len); break;
     case ROUTE_MODEL: body = api_model(h->ctx, hc->url + strlen(routes[ROUTE_MODEL].path), &e, &len); break;
     case ROUTE_TOKENIZE: case ROUTE_V1_TOKENIZE:
+        json_begin(hc);
         body = api_tokenize(h->ctx, hc->body ? hc->body : "", hc->len, &e, &len);
+        if (json_end(hc, &body)) return hc->responded ? MHD_YES : MHD_NO;
         break;
     case ROUTE_DETOKENIZE: case ROUTE_V1_DETOKENIZE:
+        json_begin(hc);
         body = api_detokenize(h->ctx, hc->body ? hc->body : "", hc->len, &e, &len);
+        if (json_end(hc, &body)) return hc->responded ? MHD_YES : MHD_NO;
         break;
     case ROUTE_TOKENIZER_INFO: body = api_tokenizer_info(h->ctx, &len); break;
     default: return reply_error(hc, 404, "no route for %s %s", hc->method, hc->url);
@@ -495,16 +753,63 @@ static int key_equal(const char *a, const char *b)
     return diff == 0;
 }
 
+/* An empty credential never matches (main refuses an empty key too). */
 static int authorized(http_server *h, struct MHD_Connection *conn)
 {
     if (!h->o.api_key) return 1;
     const char *auth = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization");
-    if (auth && strncasecmp(auth, "Bearer ", 7) == 0) return key_equal(auth + 7, h->o.api_key);
+    if (auth && strncasecmp(auth, "Bearer ", 7) == 0) return auth[7] && key_equal(auth + 7, h->o.api_key);
     const char *x = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "X-API-Key");
-    return x && key_equal(x, h->o.api_key);
+    return x && x[0] && key_equal(x, h->o.api_key);
 }
 
-/* First call: only the headers are known. */
+/* JSON routes take application/json (any parameters; a charset must be
+ * UTF-8), a +json type, or no Content-Type at all (non-browser clients that
+ * send none). The types a browser may send cross-origin without a preflight
+ * (text/plain, application/x-www-form-urlencoded, multipart/form-data) and
+ * everything else get 415, so a web page cannot drive a key-less server. */
+static int json_content_type(const char *ct)
+{
+    if (!ct) return 1;
+    while (*ct == ' ' || *ct == '\t') ct++;
+    size_t n = strcspn(ct, "; \t");
+    int ok = (n == 16 && !strncasecmp(ct, "application/json", 16)) ||
+             (n > 17 && !strncasecmp(ct, "application/", 12) && !strncasecmp(ct + n - 5, "+json", 5));
+    if (!ok) return 0;
+    for (const char *p = ct + n; (p = strchr(p, ';'));) {
+        p++;
+        while (*p == ' ' || *p == '\t') p++;
+        if (strncasecmp(p, "charset=", 8)) continue;
+        const char *v = p + 8;
+        if (*v == '"') v++;
+        if (strncasecmp(v, "utf-8", 5) && strncasecmp(v, "utf8", 4)) return 0;
+    }
+    return 1;
+}
+
+typedef struct { int n_length, conflict, chunked; const char *length; } framing;
+
+static enum MHD_Result count_framing(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
+{
+    (void)kind;
+    framing *f = cls;
+    if (!strcasecmp(key, "Content-Length")) {
+        if (f->n_length++ && strcmp(f->length, value ? value : "")) f->conflict = 1;
+        f->length = value ? value : "";
+    } else if (!strcasecmp(key, "Transfer-Encoding")) {
+        f->chunked = 1;
+    }
+    return MHD_YES;
+}
+
+static int is_json_route(int route)
+{
+    return !strcmp(routes[route].method, "POST");
+}
+
+/* First call: only the headers are known. Order: framing, then the key
+ * (before routing, so routes and methods cannot be probed without one), then
+ * route and method, then the body's type, size and budget. */
 static enum MHD_Result on_headers(http_conn *hc, const char *url, const char *method)
 {
     http_server *h = hc->h;
@@ -521,15 +826,49 @@ static enum MHD_Result on_headers(http_conn *hc, const char *url, const char *me
         hc->route = r;
         if (strcmp(method, routes[r].method) == 0) break;
     }
+    framing f = {0};
+    MHD_get_connection_values(hc->conn, MHD_HEADER_KIND, count_framing, &f);
+    if (f.conflict || (f.n_length && f.chunked)) {
+        metrics_rejected(METRICS_REJECT_FRAMING);
+        return reply_error(hc, 400, f.conflict ? "conflicting Content-Length headers"
+                                               : "Content-Length and Transfer-Encoding together");
+    }
+    if (!strcmp(method, "OPTIONS") && path_known) return reply_preflight(hc);
+    if ((!path_known || !routes[hc->route].public) && !authorized(h, hc->conn)) {
+        metrics_rejected(METRICS_REJECT_UNAUTHORIZED);
+        return reply_error(hc, 401, "missing or wrong API key (send \"Authorization: Bearer KEY\")");
+    }
     if (!path_known) return reply_error(hc, 404, "no route for %s %s", method, url);
-    if (!strcmp(method, "OPTIONS")) return reply_preflight(hc);
     if (strcmp(method, routes[hc->route].method) != 0)
         return reply_error(hc, 405, "%s %s is not allowed; use %s", method, url, routes[hc->route].method);
-    if (!routes[hc->route].public && !authorized(h, hc->conn))
-        return reply_error(hc, 401, "missing or wrong API key (send \"Authorization: Bearer KEY\")");
-    const char *cl = MHD_lookup_connection_value(hc->conn, MHD_HEADER_KIND, "Content-Length");
-    if (cl && strtoull(cl, NULL, 10) > h->o.max_body)
-        return reply_error(hc, 413, "request body of %s bytes exceeds the limit of %zu bytes", cl, h->o.max_body);
+    if (!is_json_route(hc->route)) return MHD_YES;
+    const char *ct = MHD_lookup_connection_value(hc->conn, MHD_HEADER_KIND, "Content-Type");
+    if (!json_content_type(ct)) {
+        metrics_rejected(METRICS_REJECT_CONTENT_TYPE);
+        return reply_error(hc, 415, "Content-Type %.100s is not accepted: send the body as JSON with "
+                                    "\"Content-Type: application/json\" (curl: --json, or -H 'Content-Type: "
+                                    "application/json' with -d)", ct);
+    }
+    if (f.length) {
+        char *end;
+        errno = 0;
+        unsigned long long n = strtoull(f.length, &end, 10);
+        if (errno || *end || end == f.length || f.length[0] == '-' || n > h->o.max_body) {
+            metrics_rejected(METRICS_REJECT_BODY_SIZE);
+            return reply_error(hc, 413, "request body of %.40s bytes exceeds the limit of %zu bytes (--max-body-bytes)",
+                               f.length, h->o.max_body);
+        }
+        /* reserved now, so a request the budget cannot hold is refused before
+         * a byte of it is stored; allocated at its exact size on arrival */
+        if (n && !budget_take(h, (size_t)n + 1)) {
+            metrics_rejected(METRICS_REJECT_BODY_BUDGET);
+            return reply_error(hc, 503, "the server is receiving too many request bodies at once (%zu bytes in "
+                                        "flight, --max-body-bytes-in-flight); retry later",
+                               atomic_load(&h->body_bytes));
+        }
+        if (n) hc->reserved = (size_t)n + 1;
+        publish_http_gauges(h);
+    }
     return MHD_YES;
 }
 
@@ -557,17 +896,30 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     if (*upload_size) {
         size_t n = *upload_size;
         *upload_size = 0;
-        if (hc->too_large || hc->len + n > h->o.max_body) {   /* chunked uploads have no Content-Length */
+        if (hc->too_large || hc->over_budget) return MHD_YES;
+        if (hc->len + n > h->o.max_body) {   /* chunked uploads have no Content-Length */
             hc->too_large = 1;
             return MHD_YES;
         }
         if (hc->len + n + 1 > hc->cap) {
-            size_t cap = hc->cap ? hc->cap : 4096;
+            /* a declared length was reserved whole; a chunked body reserves as it grows */
+            size_t cap = hc->reserved > hc->len + n ? hc->reserved : hc->cap ? hc->cap : 4096;
             while (cap < hc->len + n + 1) cap *= 2;
+            if (cap > hc->reserved) {
+                if (!budget_take(h, cap - hc->reserved)) {
+                    hc->over_budget = 1;
+                    free(hc->body);
+                    hc->body = NULL;
+                    hc->len = hc->cap = 0;
+                    return MHD_YES;
+                }
+                hc->reserved = cap;
+            }
             char *b = realloc(hc->body, cap);
             if (!b) return MHD_NO;
             hc->body = b;
             hc->cap = cap;
+            if (cap >= TRIM_BYTES) hc->big = 1;
         }
         memcpy(hc->body + hc->len, upload_data, n);
         hc->len += n;
@@ -575,13 +927,22 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         return MHD_YES;
     }
     if (hc->job) return finish_or_wait(hc);   /* resumed by the scheduler */
-    if (hc->too_large) return reply_error(hc, 413, "request body exceeds the limit of %zu bytes", h->o.max_body);
+    http_sock *sk = sock_of(conn);   /* the whole request is in: no deadline until its response is done */
+    if (sk) deadline_unlink(sk);
+    if (hc->too_large) {
+        metrics_rejected(METRICS_REJECT_BODY_SIZE);
+        return reply_error(hc, 413, "request body exceeds the limit of %zu bytes (--max-body-bytes)", h->o.max_body);
+    }
+    if (hc->over_budget) {
+        metrics_rejected(METRICS_REJECT_BODY_BUDGET);
+        return reply_error(hc, 503, "the server is receiving too many request bodies at once "
+                                    "(--max-body-bytes-in-flight); retry later");
+    }
     return dispatch(hc);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls, enum MHD_RequestTerminationCode toe)
 {
-    (void)conn;
     http_server *h = ((http_loop *)cls)->h;
     http_conn *hc = *con_cls;
     if (!hc) return;
@@ -603,9 +964,19 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     metrics_request(hc->route, hc->status);
     srv_log(hc->route == ROUTE_HEALTH || hc->route == ROUTE_METRICS ? SRV_LOG_DEBUG : SRV_LOG_INFO,
             "%s %s %d %.1fms", hc->method, hc->url, hc->status, (srv_now() - hc->t0) * 1e3);
+    /* keep-alive: the next request has the same deadline from now (a
+     * closing connection is unlinked by on_connection right after) */
+    http_sock *sk = sock_of(conn);
+    if (sk && toe == MHD_REQUEST_TERMINATED_COMPLETED_OK) deadline_arm(sk, srv_now());
+    int big = hc->big;
     free(hc->body);
+    budget_give(h, hc->reserved);
+    publish_http_gauges(h);
     api_buf_free(&hc->sse);
     free(hc);
+    /* glibc keeps freed memory of large requests in its heaps (the mmap
+     * threshold grows after large frees), so RSS stayed high after them */
+    if (big) malloc_trim(0);
 }
 
 /* MHD's own messages: the ones about limits and resources say why a
@@ -631,6 +1002,11 @@ static int loop_timeout_ms(http_loop *l, double now)
 {
     MHD_UNSIGNED_LONG_LONG t = 0;
     long long ms = MHD_get_timeout(l->d, &t) == MHD_YES ? (long long)t : -1;
+    if (l->recv_head) {
+        long long due = (long long)((l->recv_head->deadline - now) * 1e3) + 1;
+        if (due < 0) due = 0;
+        if (ms < 0 || due < ms) ms = due;
+    }
     if (l->live) {
         long long tick = (long long)((l->next_tick - now) * 1e3) + 1;
         if (tick < 0) tick = 0;
@@ -660,7 +1036,9 @@ static void *loop_main(void *arg)
         while (read(l->kick_fd, &v, sizeof v) == sizeof v) {}
         atomic_exchange(&l->kicked, 0);
         MHD_run(l->d);
-        loop_tick(l, srv_now());
+        double now = srv_now();
+        deadline_sweep(l, now);
+        loop_tick(l, now);
     }
     return NULL;
 }
@@ -715,10 +1093,11 @@ static int loop_start(http_server *h, http_loop *l, int listen_fd, unsigned conn
     l->ep = l->kick_fd = -1;
     unsigned flags = MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
     if (strchr(h->o.host, ':')) flags |= MHD_USE_IPv6;
-    l->d = MHD_start_daemon(flags, 0, NULL, NULL, on_request, l,
+    l->d = MHD_start_daemon(flags, 0, on_accept, l, on_request, l,
                             MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
                             MHD_OPTION_LISTEN_SOCKET, listen_fd,
                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, l,
+                            MHD_OPTION_NOTIFY_CONNECTION, on_connection, l,
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)CONN_TIMEOUT_S,
                             MHD_OPTION_CONNECTION_LIMIT, conn_limit,
                             MHD_OPTION_END);
@@ -753,6 +1132,8 @@ static void loops_free(http_server *h)
         if (l->kick_fd >= 0) close(l->kick_fd);
     }
     free(h->loops);
+    free(h->clients);
+    pthread_mutex_destroy(&h->clients_mu);
     free(h);
 }
 
@@ -777,15 +1158,20 @@ int http_start(http_server **out, const http_opts *o, int *port, char *err, size
     if (!h || !h->loops) { free(h); snprintf(err, errlen, "out of memory"); return -1; }
     h->o = *o;
     atomic_store(&h->state, STATE_LOADING);
+    pthread_mutex_init(&h->clients_mu, NULL);
+    unsigned limit = o->max_connections > 0 ? (unsigned)o->max_connections : MAX_CONNECTIONS;
+    for (h->n_slots = 64; h->n_slots < 2 * (size_t)limit + (size_t)n * 2; h->n_slots *= 2) {}
+    h->clients = calloc(h->n_slots, sizeof *h->clients);
+    if (!h->clients) { free(h->loops); free(h); snprintf(err, errlen, "out of memory"); return -1; }
+    json_budget_install();
     int fd = listen_socket(o, err, errlen);
-    if (fd < 0) { free(h->loops); free(h); return -1; }
+    if (fd < 0) { free(h->loops); free(h->clients); free(h); return -1; }
     struct sockaddr_storage bound;
     socklen_t blen = sizeof bound;
     getsockname(fd, (struct sockaddr *)&bound, &blen);
     *port = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
                                               : ((struct sockaddr_in *)&bound)->sin_port);
     /* Every loop accepts from the same socket (a dup each: each daemon closes its own). */
-    unsigned limit = o->max_connections > 0 ? (unsigned)o->max_connections : MAX_CONNECTIONS;
     for (int i = 0; i < n; i++) {
         int lfd = i == n - 1 ? fd : fcntl(fd, F_DUPFD_CLOEXEC, 0);
         h->loops[i].ep = h->loops[i].kick_fd = -1;
@@ -832,15 +1218,19 @@ void http_stop(http_server *h)
     if (!h) return;
     loops_join(h);
     atomic_store(&h->stopping, 1);
-    for (int i = 0; i < h->n_loops; i++) {
-        http_loop *l = &h->loops[i];
-        for (http_conn *hc = l->live; hc; hc = hc->next) {
+    /* The scheduler thread may still be stepping and calling wake(), which
+     * resumes connections under the client's mutex. Detaching each job under
+     * that mutex means no wake() is in flight past this point and none will
+     * reach MHD again, while the daemons below run, stop and free connections. */
+    for (int i = 0; i < h->n_loops; i++)
+        for (http_conn *hc = h->loops[i].live; hc; hc = hc->next) {
             sched_client *c = hc->job->client;
             pthread_mutex_lock(&c->mu);
+            c->wake_arg = NULL;
             if (hc->suspended) resume_locked(hc);
             pthread_mutex_unlock(&c->mu);
         }
-        for (int k = 0; k < 4; k++) MHD_run(l->d);
-    }
+    for (int i = 0; i < h->n_loops; i++)
+        for (int k = 0; k < 4; k++) MHD_run(h->loops[i].d);
     loops_free(h);
 }

@@ -1,7 +1,9 @@
 /*
  * http.h - libmicrohttpd glue: listening, routing, API keys, body limits,
  * the suspend/resume dance that lets a request wait for the scheduler
- * without holding an HTTP thread, and the keep-alive comments of idle streams.
+ * without holding an HTTP thread, the keep-alive comments of idle streams,
+ * and the limits that keep hostile clients from starving the others
+ * (connections per client, the whole-request deadline, the body budget).
  */
 #ifndef SRV_HTTP_H
 #define SRV_HTTP_H
@@ -19,6 +21,11 @@ typedef struct {
     size_t max_body;        /* bytes; larger bodies get 413 */
     double heartbeat_s;     /* idle streams get a comment this often (0: never) */
     int max_connections;    /* open connections at once, all loops together (0: 4096) */
+    int max_per_client;     /* open connections from one client address (0: no cap) */
+    double request_timeout_s;   /* a connection must deliver a whole request (headers and body) this
+                                 * long after opening or after its previous response (0: no deadline) */
+    size_t body_budget;     /* request-body bytes all requests being received may reserve (0: no cap) */
+    size_t max_json;        /* memory cJSON may hold for one request's body (0: no cap; json_budget.h) */
     int webui;              /* serve the playground page at GET / */
     const char *allowed_origins;  /* CORS: comma-separated origins or "*"; NULL: no CORS headers */
 } http_opts;

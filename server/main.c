@@ -40,6 +40,9 @@ typedef struct {
     long prefix_cache_bytes;
     double grace_s, heartbeat_s, gpu_mem_fraction;
     long max_body;
+    /* hostile-client limits (README, "Limits"); -1: the default worked out at startup */
+    long max_connections, max_per_client, body_budget, max_json, max_tokenize_tokens;
+    double request_timeout_s;
     kda_tuning tuning;   /* $KDA_TUNING, then --tuning on top */
 } flags;
 
@@ -77,9 +80,23 @@ static void usage(FILE *f)
         "  --prefix-cache-grid N  snapshot every N prompt tokens (default 0: the tokens whose KV is as\n"
         "                         large as one snapshot, a multiple of --prefill-chunk)\n"
         "  --max-body-bytes N     request bodies above this get 413 (default 8388608)\n"
+        "  --max-body-bytes-in-flight N  request-body bytes all requests being received may hold;\n"
+        "                         a request that does not fit gets 503 before its body is read\n"
+        "                         (default 201326592 = 192 MiB; at least --max-body-bytes)\n"
+        "  --max-json-bytes N     memory parsing one request body may take (a JSON array costs ~64\n"
+        "                         bytes per element); above it 413 (default 33554432 = 32 MiB)\n"
+        "  --max-tokenize-tokens N  /tokenize results longer than this get 400 (default 262144)\n"
+        "  --max-connections N    open connections at once (default 4096, lowered to fit the\n"
+        "                         descriptor limit)\n"
+        "  --max-connections-per-client N  open connections from one client address; more are\n"
+        "                         refused at accept (default: half of --max-connections; 0 = no cap)\n"
+        "  --request-timeout S    a connection must deliver a whole request, headers and body, within S\n"
+        "                         seconds of opening or of its previous response, else it is closed\n"
+        "                         (default 60, 0 = off)\n"
         "  --heartbeat-seconds S  keep-alive comment on idle streams (default 15, 0 = off)\n"
         "  --grace-seconds S      on SIGTERM/SIGINT, time given to running requests (default 30)\n"
-        "  --api-key KEY          require \"Authorization: Bearer KEY\" (not on /, /health, /metrics)\n"
+        "  --api-key KEY          require \"Authorization: Bearer KEY\" or \"X-API-Key: KEY\" on every route\n"
+        "                         but /, /health, /metrics, /openapi.json (must not be empty)\n"
         "  --api-key-file PATH    same, key read from the file's first line\n"
         "  --tuning k=v,...       kernel variants and switches, also from $KDA_TUNING (--tuning wins):\n"
         "                         gemv_max_t graphs pdl gemm_lt gemm_verbose gemm_tune_flush gemm_splitk\n"
@@ -129,7 +146,9 @@ static int parse_flags(int argc, char **argv, flags *f)
     *f = (flags){.host = "127.0.0.1", .device = "cpu", .port = 8080, .max_batch = 32, .max_queue = 256,
                  .http_threads = 4, .grace_s = 30,
                  .prefix_cache = 1, .prefix_cache_bytes = 2147483648L,
-                 .heartbeat_s = 15, .max_body = 8 << 20};
+                 .heartbeat_s = 15, .max_body = 8 << 20,
+                 .max_connections = -1, .max_per_client = -1, .body_budget = 192L << 20, .max_json = 32L << 20,
+                 .max_tokenize_tokens = 262144, .request_timeout_s = 60};
     kda_tuning_defaults(&f->tuning);
     {
         char err[256];
@@ -162,7 +181,14 @@ static int parse_flags(int argc, char **argv, flags *f)
             }
             f->device = v;
         }
-        else if (!strcmp(a, "--api-key")) f->api_key = v;
+        else if (!strcmp(a, "--api-key")) {
+            if (!v[0]) {
+                fprintf(stderr, "kda-server: --api-key is empty: give a key, or leave the flag out to serve "
+                                "without authentication\n");
+                return -1;
+            }
+            f->api_key = v;
+        }
         else if (!strcmp(a, "--prefix-cache")) {
             if (strcmp(v, "on") && strcmp(v, "off")) {
                 fprintf(stderr, "kda-server: --prefix-cache must be on or off, got \"%s\"\n", v);
@@ -197,6 +223,12 @@ static int parse_flags(int argc, char **argv, flags *f)
         else if (!strcmp(a, "--step-tokens-idle")) { rc = parse_long(a, v, 1, 1 << 20, &x); f->step_tokens_idle = (int)x; }
         else if (!strcmp(a, "--prefill-chunk")) { rc = parse_long(a, v, 1, 1 << 16, &x); f->prefill_chunk = (int)x; }
         else if (!strcmp(a, "--max-body-bytes")) { rc = parse_long(a, v, 1024, 1L << 32, &x); f->max_body = x; }
+        else if (!strcmp(a, "--max-body-bytes-in-flight")) { rc = parse_long(a, v, 0, 1L << 40, &x); f->body_budget = x; }
+        else if (!strcmp(a, "--max-json-bytes")) { rc = parse_long(a, v, 0, 1L << 40, &x); f->max_json = x; }
+        else if (!strcmp(a, "--max-tokenize-tokens")) { rc = parse_long(a, v, 1, INT_MAX, &x); f->max_tokenize_tokens = x; }
+        else if (!strcmp(a, "--max-connections")) { rc = parse_long(a, v, 1, 1 << 20, &x); f->max_connections = x; }
+        else if (!strcmp(a, "--max-connections-per-client")) { rc = parse_long(a, v, 0, 1 << 20, &x); f->max_per_client = x; }
+        else if (!strcmp(a, "--request-timeout")) rc = parse_double(a, v, 0, 86400, &f->request_timeout_s);
         else if (!strcmp(a, "--grace-seconds")) rc = parse_double(a, v, 0, 86400, &f->grace_s);
         else if (!strcmp(a, "--heartbeat-seconds")) rc = parse_double(a, v, 0, 3600, &f->heartbeat_s);
         else if (!strcmp(a, "--gpu-memory-fraction")) rc = parse_double(a, v, 0.01, 1.0, &f->gpu_mem_fraction);
@@ -205,6 +237,11 @@ static int parse_flags(int argc, char **argv, flags *f)
             return -1;
         }
         if (rc) return -1;
+    }
+    if (f->body_budget && f->body_budget < f->max_body) {
+        fprintf(stderr, "kda-server: --max-body-bytes-in-flight (%ld) must be 0 or at least --max-body-bytes (%ld)\n",
+                f->body_budget, f->max_body);
+        return -1;
     }
     return 0;
 }
@@ -270,10 +307,11 @@ static void log_model(const char *dir, const kda_model_info *in, int max_batch)
  * burst, and MHD stop listening), and keep the connection limit under it with
  * room for the model files, the engine and the logs. */
 #define MAX_CONNECTIONS 4096
-static int connection_capacity(void)
+static int connection_capacity(long wanted)
 {
     struct rlimit rl;
-    if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return MAX_CONNECTIONS;
+    long cap = wanted > 0 ? wanted : MAX_CONNECTIONS;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return (int)cap;
     if (rl.rlim_cur < rl.rlim_max) {
         rlim_t want = rl.rlim_max == RLIM_INFINITY || rl.rlim_max > 65536 ? 65536 : rl.rlim_max;
         if (want > rl.rlim_cur) {
@@ -283,7 +321,10 @@ static int connection_capacity(void)
     }
     long room = (long)rl.rlim_cur - 256;
     if (room < 64) room = 64;
-    return room < MAX_CONNECTIONS ? (int)room : MAX_CONNECTIONS;
+    if (room < cap)
+        srv_log(SRV_LOG_WARN, "up to %ld connections, not %ld: the descriptor limit is %ld (ulimit -n)", room, cap,
+                (long)rl.rlim_cur);
+    return room < cap ? (int)room : (int)cap;
 }
 
 static void log_prefix_cache(const kda_model_info *in, const sched_opts *so)
@@ -348,7 +389,10 @@ int main(int argc, char **argv)
     api_ctx ctx = {0};
     http_opts ho = {.host = f.host, .port = f.port, .threads = f.http_threads, .api_key = key,
                     .max_body = (size_t)f.max_body, .webui = !f.no_webui, .allowed_origins = f.allowed_origins,
-                    .heartbeat_s = f.heartbeat_s, .max_connections = connection_capacity()};
+                    .heartbeat_s = f.heartbeat_s, .max_connections = connection_capacity(f.max_connections),
+                    .request_timeout_s = f.request_timeout_s, .body_budget = (size_t)f.body_budget,
+                    .max_json = (size_t)f.max_json};
+    ho.max_per_client = f.max_per_client >= 0 ? (int)f.max_per_client : ho.max_connections / 2;
     if (http_start(&h, &ho, &port, err, sizeof err)) {
         srv_log(SRV_LOG_ERROR, "%s", err);
         goto out;
@@ -387,6 +431,7 @@ int main(int argc, char **argv)
     int eos = info->eos_id >= 0 && info->eos_id < info->vocab_size ? info->eos_id : tok_eos_id(tok);
     ctx = (api_ctx){.tok = tok, .vocab_size = info->vocab_size, .bos_id = bos, .eos_id = eos,
                     .max_seq_len = info->max_seq_len, .model_name = name, .max_tasks = f.max_queue,
+                    .max_tokenize_tokens = (int)f.max_tokenize_tokens,
                     .info = info};
     if (api_ctx_init(&ctx, model, f.chat_template, err, sizeof err)) {
         srv_log(SRV_LOG_ERROR, "%s", err);
@@ -416,9 +461,11 @@ int main(int argc, char **argv)
     http_set_ready(h, &ctx, s);
     srv_log(SRV_LOG_INFO,
             "ready: model \"%s\", max batch %d, queue %d, step budget %d tokens (%d with nothing decoding, "
-            "chunks of %d), API key %s, %d HTTP threads, up to %d connections",
+            "chunks of %d), API key %s, %d HTTP threads, up to %d connections (%d per client), request timeout "
+            "%.0fs, request bodies in flight up to %.0f MiB",
             name, max_batch, f.max_queue, f.step_tokens, f.step_tokens_idle, f.prefill_chunk, key ? "required" : "off",
-            f.http_threads, ho.max_connections);
+            f.http_threads, ho.max_connections, ho.max_per_client, ho.request_timeout_s,
+            (double)ho.body_budget / 1048576.0);
 
     int sig;
     while (!(sig = wait_signal(&sigs, 3600))) {}

@@ -24,10 +24,16 @@ static const double request_le[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0
 static const double tokens_le[] = {1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000,
                                    10000, 20000, 50000, 100000, 200000, 500000, 1000000};
 #define N_OF(a) ((int)(sizeof a / sizeof a[0]))
-static const int statuses[] = {200, 204, 400, 401, 404, 405, 413, 500, 503};
+static const int statuses[] = {200, 204, 400, 401, 404, 405, 413, 415, 500, 503};
 #define N_STATUS (N_OF(statuses) + 1)   /* + "other" */
 static const char *const reasons[] = {"stop", "length", "abort", "error"};
 #define N_REASONS N_OF(reasons)
+static const char *const reject_names[METRICS_N_REJECT] = {
+    [METRICS_REJECT_CLIENT_CONNECTIONS] = "client_connections", [METRICS_REJECT_REQUEST_TIMEOUT] = "request_timeout",
+    [METRICS_REJECT_BODY_SIZE] = "body_size", [METRICS_REJECT_BODY_BUDGET] = "body_budget",
+    [METRICS_REJECT_JSON_MEMORY] = "json_memory", [METRICS_REJECT_CONTENT_TYPE] = "content_type",
+    [METRICS_REJECT_FRAMING] = "framing", [METRICS_REJECT_UNAUTHORIZED] = "unauthorized",
+};
 
 typedef struct {
     const double *le;
@@ -53,6 +59,8 @@ static struct {
     unsigned long pc_hits, pc_hit_tokens, pc_evictions, pc_queried_tokens;
     int pc_snapshots;
     double pc_bytes;
+    unsigned long rejected[METRICS_N_REJECT];
+    long http_open, http_body_bytes;
     histogram ttft, itl, step;
     histogram e2e, queue, prefill, decode, inference, req_prompt, req_gen, req_max_tokens, req_params_max, iter_tokens;
 } m = {
@@ -109,6 +117,19 @@ void metrics_request(int route, int status)
 void metrics_prompt_tokens(long n) { COUNTER_ADD(prompt_tokens, (unsigned long)n); }
 void metrics_generated_tokens(long n) { COUNTER_ADD(generated_tokens, (unsigned long)n); }
 void metrics_cancelled(void) { COUNTER_ADD(cancelled, 1); }
+
+void metrics_rejected(int reason)
+{
+    if (reason >= 0 && reason < METRICS_N_REJECT) COUNTER_ADD(rejected[reason], 1);
+}
+
+void metrics_http(long open_connections, long body_bytes)
+{
+    pthread_mutex_lock(&m.mu);
+    m.http_open = open_connections;
+    m.http_body_bytes = body_bytes;
+    pthread_mutex_unlock(&m.mu);
+}
 
 static void observe(histogram *h, double v)
 {
@@ -370,6 +391,14 @@ char *metrics_render(size_t *len)
             "# TYPE kda_prefix_cache_snapshots gauge\nkda_prefix_cache_snapshots %d\n", m.pc_snapshots);
     put(&t, "# HELP kda_prefix_cache_evictions_total Cache entries evicted (budget, or room for a request).\n"
             "# TYPE kda_prefix_cache_evictions_total counter\nkda_prefix_cache_evictions_total %lu\n", m.pc_evictions);
+    put(&t, "# HELP kda_http_rejected_total Connections and requests refused by the HTTP limits, by reason.\n"
+            "# TYPE kda_http_rejected_total counter\n");
+    for (int r = 0; r < METRICS_N_REJECT; r++)
+        put(&t, "kda_http_rejected_total{reason=\"%s\"} %lu\n", reject_names[r], m.rejected[r]);
+    put(&t, "# HELP kda_http_connections Open HTTP connections.\n# TYPE kda_http_connections gauge\n"
+            "kda_http_connections %ld\n", m.http_open);
+    put(&t, "# HELP kda_http_body_bytes_in_flight Request-body bytes reserved by requests being received.\n"
+            "# TYPE kda_http_body_bytes_in_flight gauge\nkda_http_body_bytes_in_flight %ld\n", m.http_body_bytes);
     put_histogram(&t, "kda_time_to_first_token_seconds", "Arrival to first generated token.", "", &m.ttft);
     put_histogram(&t, "kda_inter_token_latency_seconds", "Time between consecutive generated tokens of a sequence.", "",
                   &m.itl);

@@ -33,6 +33,23 @@ void metrics_pool(int used_seqs, int total_seqs, double used_bytes);
 void metrics_prefix_cache_lookup(long prompt_tokens, long hit_tokens);
 void metrics_prefix_cache_size(int snapshots, double bytes, unsigned long evictions);
 
+/* Requests and connections refused by the HTTP layer's limits (README,
+ * "Limits"), by reason. */
+enum {
+    METRICS_REJECT_CLIENT_CONNECTIONS,  /* --max-connections-per-client */
+    METRICS_REJECT_REQUEST_TIMEOUT,     /* --request-timeout: closed before the request was complete */
+    METRICS_REJECT_BODY_SIZE,           /* --max-body-bytes (413) */
+    METRICS_REJECT_BODY_BUDGET,         /* --max-body-bytes-in-flight (503) */
+    METRICS_REJECT_JSON_MEMORY,         /* --max-json-bytes (413) */
+    METRICS_REJECT_CONTENT_TYPE,        /* 415 */
+    METRICS_REJECT_FRAMING,             /* conflicting Content-Length / Transfer-Encoding (400) */
+    METRICS_REJECT_UNAUTHORIZED,        /* 401 */
+    METRICS_N_REJECT
+};
+void metrics_rejected(int reason);
+/* Open connections and request-body bytes reserved, now (gauges). */
+void metrics_http(long open_connections, long body_bytes);
+
 /* One finished sequence (a task), as vLLM reports a finished request. */
 typedef struct {
     const char *reason;     /* "stop", "length", "abort" or "error" */

@@ -96,10 +96,13 @@ with Server(model, "--api-key", "pl4y", "--model-name", "tiny-demo") as srv:
     r = requests.get(srv.url + "/props", headers={"Authorization": "Bearer pl4y"}, timeout=10)
     check(r.status_code == 200 and r.json()["model"] == "tiny-demo", "/props takes the Bearer key and shows --model-name",
           r.text)
-    # The page probes /v1/chat/completions without a key to decide whether to show the
-    # chat tab: an unknown path must be 404 and a known one 405, never 401.
+    # The page probes /v1/chat/completions to decide whether to show the chat tab (hidden
+    # only on a 404). The key is checked before routing, so without it the probe gets 401:
+    # the route is not disclosed, and the tab stays (the page asks for the key).
     chat = requests.get(srv.url + "/v1/chat/completions", timeout=10).status_code
-    check(chat in (404, 405), "the chat-route probe is answered before the key check", str(chat))
+    check(chat == 401, "without the key the chat-route probe gets 401 (no route disclosed), not 404", str(chat))
+    chat = requests.get(srv.url + "/v1/chat/completions", headers={"Authorization": "Bearer pl4y"}, timeout=10)
+    check(chat.status_code == 405, "with the key the chat-route probe gets 405", str(chat.status_code))
     srv.check_clean_exit()
 
 with Server(model, "--no-webui") as srv:
