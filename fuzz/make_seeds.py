@@ -135,6 +135,20 @@ def config_fixtures():
           b'"num_heads":1,"head_dim":8,"intermediate_size":8,"vocab_size":16,"eos_token_id":[2,3]}\0{}')
 
 
+def st_index():
+    # the shards fuzz_st_index.c writes: a (x, y), b (z), dup (x), sub/a (w)
+    good = {"metadata": {"total_size": 12}, "weight_map": {"x": "a.safetensors", "y": "a.safetensors",
+                                                          "z": "b.safetensors"}}
+    write("st_index", "two-shards", json.dumps(good))
+    write("st_index", "one-shard", json.dumps({"weight_map": {"z": "b.safetensors"}}))
+    write("st_index", "near-duplicate-across-shards", json.dumps({"weight_map": {"x": "a.safetensors",
+                                                                                 "w": "dup.safetensors"}}))
+    write("st_index", "near-wrong-shard", json.dumps({"weight_map": {"x": "b.safetensors", "z": "b.safetensors"}}))
+    write("st_index", "near-subdir", json.dumps({"weight_map": {"w": "sub/a.safetensors"}}))
+    write("st_index", "near-traversal", json.dumps({"weight_map": {"x": "../a.safetensors"}}))
+    write("st_index", "near-missing", json.dumps({"weight_map": {"q": "c.safetensors"}}))
+
+
 # ---- request bodies ------------------------------------------------------
 ROUTES = {"generate": 0, "score": 1, "completions": 2, "chat": 3, "tokenize": 4, "detokenize": 5}
 MSGS = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
@@ -226,6 +240,7 @@ def main():
         shutil.rmtree(CORPUS)
     checkpoints()
     safetensors_edges()
+    st_index()
     config_fixtures()
     requests()
     templates()

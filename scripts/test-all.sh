@@ -27,7 +27,7 @@ UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=detect_leaks=1 \
 logs+=(build-asan/meson-logs/testlog.json)
 
 # The fuzz harnesses (fuzz/README.md), two at a time: on the 2-core CI machine
-# 5 x 40 s is about 2 minutes after a 1-2 minute build. A finding fails the run
+# 6 x 40 s is 2 minutes after a 1-2 minute build. A finding fails the run
 # and is left in build-fuzz/crashes/.
 fuzz_secs=${KDA_FUZZ_SECONDS:-40}
 if [ "$fuzz_secs" -gt 0 ]; then
