@@ -247,21 +247,27 @@ static int lex_tag(lexer *L, char closer)
             int is_float = 0;
             char buf[64];
             size_t k = 0;
-            while (n < left && (isdigit((unsigned char)p[n]) || p[n] == '_')) { if (p[n] != '_' && k < 63) buf[k++] = p[n]; n++; }
+            /* The literal without its underscores; a longer one would be cut
+             * (and change value), so it is an error. */
+#define NUM_PUT(ch) do { if (k == sizeof buf - 1) fail(L->f, "line %d: number literal longer than %d characters", \
+                                                      L->line, (int)sizeof buf - 1); buf[k++] = (ch); } while (0)
+            while (n < left && (isdigit((unsigned char)p[n]) || p[n] == '_')) { if (p[n] != '_') NUM_PUT(p[n]); n++; }
             if (n + 1 < left && p[n] == '.' && isdigit((unsigned char)p[n + 1])) {
                 is_float = 1;
-                buf[k++] = p[n++];
-                while (n < left && (isdigit((unsigned char)p[n]) || p[n] == '_')) { if (p[n] != '_' && k < 63) buf[k++] = p[n]; n++; }
+                NUM_PUT(p[n]);
+                n++;
+                while (n < left && (isdigit((unsigned char)p[n]) || p[n] == '_')) { if (p[n] != '_') NUM_PUT(p[n]); n++; }
             }
             if (n < left && (p[n] == 'e' || p[n] == 'E')) {
                 size_t m = n + 1;
                 if (m < left && (p[m] == '+' || p[m] == '-')) m++;
                 if (m < left && isdigit((unsigned char)p[m])) {
                     is_float = 1;
-                    while (n < m && k < 63) buf[k++] = p[n++];
-                    while (n < left && isdigit((unsigned char)p[n])) { if (k < 63) buf[k++] = p[n]; n++; }
+                    while (n < m) { NUM_PUT(p[n]); n++; }
+                    while (n < left && isdigit((unsigned char)p[n])) { NUM_PUT(p[n]); n++; }
                 }
             }
+#undef NUM_PUT
             buf[k] = '\0';
             token *t = push_tok(L, is_float ? T_FLOAT : T_INT);
             if (is_float) t->f = strtod(buf, NULL);
