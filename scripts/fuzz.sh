@@ -17,6 +17,9 @@
 #     --nice N        run the fuzzers under nice -n N (default 10: the machine is shared)
 # Environment: CC/CXX (default clang/clang++), FUZZ_BUILD (default build-fuzz).
 set -uo pipefail
+# The whole script is one function, read before it starts: a run lasts hours,
+# and bash would otherwise read an edited (or checked-out) file mid-run.
+main() {
 cd "$(dirname "$0")/.."
 root=$(pwd)
 
@@ -144,3 +147,6 @@ if [ -n "$report" ]; then
   echo "fuzz.sh: figures in $report"
 fi
 exit $rc
+}
+main "$@"
+exit $?
