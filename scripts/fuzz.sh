@@ -15,6 +15,7 @@
 #     --report FILE   write the figures (executions, exec/s, coverage, crashes) to FILE
 #     --testlog FILE  also one meson-testlog-style JSON line per harness (scripts/test-all.sh)
 #     --nice N        run the fuzzers under nice -n N (default 10: the machine is shared)
+#     --build-only    build the harnesses and stop
 # Environment: CC/CXX (default clang/clang++), FUZZ_BUILD (default build-fuzz).
 set -uo pipefail
 # The whole script is one function, read before it starts: a run lasts hours,
@@ -23,7 +24,7 @@ main() {
 cd "$(dirname "$0")/.."
 root=$(pwd)
 
-secs=60 jobs=1 merge=0 report="" testlog="" only="" niceness=10
+secs=60 jobs=1 merge=0 report="" testlog="" only="" niceness=10 build_only=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --only) only=$2; shift 2 ;;
@@ -32,7 +33,8 @@ while [ $# -gt 0 ]; do
     --report) report=$2; shift 2 ;;
     --testlog) testlog=$2; shift 2 ;;
     --nice) niceness=$2; shift 2 ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    --build-only) build_only=1; shift ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     [0-9]*) secs=$1; shift ;;
     *) echo "fuzz.sh: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -64,6 +66,7 @@ targets=()
 for n in "${names[@]}"; do targets+=("fuzz/fuzz_$n"); done
 [ -f "$build/fuzz/fuzz-bpe.model" ] || [ ! -x "$(command -v spm_train)" ] || targets+=(fuzz/fuzz-bpe.model)
 ninja -C "$build" -j "$(nproc)" "${targets[@]}" >/dev/null || { ninja -C "$build" "${targets[@]}"; exit 1; }
+[ "$build_only" = 1 ] && { echo "fuzz.sh: built ${targets[*]} in $build"; exit 0; }
 
 if [ -n "$testlog" ]; then mkdir -p "$(dirname "$testlog")" && : >"$testlog"; fi
 
