@@ -16,7 +16,7 @@
 #     --testlog FILE  also one meson-testlog-style JSON line per harness (scripts/test-all.sh)
 #     --nice N        run the fuzzers under nice -n N (default 10: the machine is shared)
 #     --build-only    build the harnesses and stop
-# Environment: CC/CXX (default clang/clang++), FUZZ_BUILD (default build-fuzz).
+# Environment: FUZZ_CC/FUZZ_CXX (default clang/clang++), FUZZ_BUILD (default build-fuzz).
 set -uo pipefail
 # The whole script is one function, read before it starts: a run lasts hours,
 # and bash would otherwise read an edited (or checked-out) file mid-run.
@@ -41,7 +41,8 @@ while [ $# -gt 0 ]; do
 done
 
 build=${FUZZ_BUILD:-build-fuzz}
-export CC=${CC:-clang} CXX=${CXX:-clang++}
+# clang whatever CC says (the other build trees may use gcc)
+export CC=${FUZZ_CC:-clang} CXX=${FUZZ_CXX:-clang++}
 probe=$(mktemp /tmp/kda-fuzz-probe.XXXXXX)
 if ! command -v "$CC" >/dev/null || ! printf '%s\n' '#include <stddef.h>' \
      'int LLVMFuzzerTestOneInput(const unsigned char *d, size_t n) { return (int)(d && n) * 0; }' |
