@@ -14,6 +14,9 @@ pkgs=(
 )
 if [ $run_only = 0 ]; then
   pkgs+=(sentencepiece python3 python3-numpy python3-torch python3-sentencepiece python3-requests python3-yaml)
+  # The fuzz harnesses (fuzz/, scripts/fuzz.sh): clang 14 with libFuzzer, whose runtime
+  # (libclang_rt.fuzzer) is only a Recommends of clang-14 on bookworm.
+  pkgs+=(clang libclang-rt-14-dev)
   # The playground's browser test (tests/server/test_webui_browser.py): headless
   # Chromium driven by Selenium. On a fresh Debian 12 minbase these take about
   # 2 minutes and 205 packages (most of that download); far fewer next to the rest.

@@ -995,7 +995,7 @@ char *api_error_json_param(int status, const char *message, const char *param, s
     cJSON *o = cJSON_CreateObject(), *err = cJSON_AddObjectToObject(o, "error");
     add_text(err, "message", message, strlen(message));
     cJSON_AddStringToObject(err, "type", type);
-    if (param && param[0]) cJSON_AddStringToObject(err, "param", param);
+    if (param && param[0]) add_text(err, "param", param, strlen(param));   /* may be a client's field name, cut at 64 bytes */
     else cJSON_AddNullToObject(err, "param");
     cJSON_AddNumberToObject(err, "code", status);
     return print_json(o, len);
@@ -1108,8 +1108,9 @@ static void oa_add(const api_ctx *ctx, oa_logprobs *l, int32_t id, int has_lp, f
 static void oa_add_prompt(const api_ctx *ctx, oa_logprobs *l, const sched_task *t, size_t *off)
 {
     for (int i = 0; i < t->n_prompt; i++) {
-        const int32_t *ti = t->prompt_top_ids ? t->prompt_top_ids + (size_t)(i - 1) * t->n_top : NULL;
-        const float *tl = t->prompt_top_lps ? t->prompt_top_lps + (size_t)(i - 1) * t->n_top : NULL;
+        /* position 0 has no alternatives (nothing predicts it): no pointer before the array */
+        const int32_t *ti = t->prompt_top_ids && i > 0 ? t->prompt_top_ids + (size_t)(i - 1) * t->n_top : NULL;
+        const float *tl = t->prompt_top_lps && i > 0 ? t->prompt_top_lps + (size_t)(i - 1) * t->n_top : NULL;
         oa_add(ctx, l, t->prompt[i], i > 0, i > 0 ? t->prompt_lps[i - 1] : 0, ti, tl, i > 0 ? t->n_top : 0, off);
     }
 }

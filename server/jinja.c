@@ -12,6 +12,7 @@
 #include "jinja.h"
 
 #include <ctype.h>
+#include <limits.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -246,21 +247,27 @@ static int lex_tag(lexer *L, char closer)
             int is_float = 0;
             char buf[64];
             size_t k = 0;
-            while (n < left && (isdigit((unsigned char)p[n]) || p[n] == '_')) { if (p[n] != '_' && k < 63) buf[k++] = p[n]; n++; }
+            /* The literal without its underscores; a longer one would be cut
+             * (and change value), so it is an error. */
+#define NUM_PUT(ch) do { if (k == sizeof buf - 1) fail(L->f, "line %d: number literal longer than %d characters", \
+                                                      L->line, (int)sizeof buf - 1); buf[k++] = (ch); } while (0)
+            while (n < left && (isdigit((unsigned char)p[n]) || p[n] == '_')) { if (p[n] != '_') NUM_PUT(p[n]); n++; }
             if (n + 1 < left && p[n] == '.' && isdigit((unsigned char)p[n + 1])) {
                 is_float = 1;
-                buf[k++] = p[n++];
-                while (n < left && (isdigit((unsigned char)p[n]) || p[n] == '_')) { if (p[n] != '_' && k < 63) buf[k++] = p[n]; n++; }
+                NUM_PUT(p[n]);
+                n++;
+                while (n < left && (isdigit((unsigned char)p[n]) || p[n] == '_')) { if (p[n] != '_') NUM_PUT(p[n]); n++; }
             }
             if (n < left && (p[n] == 'e' || p[n] == 'E')) {
                 size_t m = n + 1;
                 if (m < left && (p[m] == '+' || p[m] == '-')) m++;
                 if (m < left && isdigit((unsigned char)p[m])) {
                     is_float = 1;
-                    while (n < m && k < 63) buf[k++] = p[n++];
-                    while (n < left && isdigit((unsigned char)p[n])) { if (k < 63) buf[k++] = p[n]; n++; }
+                    while (n < m) { NUM_PUT(p[n]); n++; }
+                    while (n < left && isdigit((unsigned char)p[n])) { NUM_PUT(p[n]); n++; }
                 }
             }
+#undef NUM_PUT
             buf[k] = '\0';
             token *t = push_tok(L, is_float ? T_FLOAT : T_INT);
             if (is_float) t->f = strtod(buf, NULL);
@@ -1672,25 +1679,43 @@ static value arith(rctx *c, const char *op, const value *a, const value *b, int 
              kind_name(b->k));
     int ints = a->k != V_FLOAT && b->k != V_FLOAT;
     double x = num(a), y = num(b);
-    long long i = ints ? (long long)x : 0, j = ints ? (long long)y : 0;
-    if (!strcmp(op, "+")) return ints ? v_int(i + j) : v_float(x + y);
-    if (!strcmp(op, "-")) return ints ? v_int(i - j) : v_float(x - y);
-    if (!strcmp(op, "*")) return ints ? v_int(i * j) : v_float(x * y);
-    if (!strcmp(op, "**")) {
-        if (ints && j >= 0) { long long r = 1; for (long long k = 0; k < j && k < 64; k++) r *= i; return v_int(r); }
+    /* Integers stay integers (not via double: 2^63 - 1 is no double); a result
+     * past 64 bits, which Python would make a big integer, is an error. */
+    long long i = !ints ? 0 : a->k == V_INT ? a->u.i : a->u.b, j = !ints ? 0 : b->k == V_INT ? b->u.i : b->u.b, r;
+    int over = 0;
+    if (!strcmp(op, "+")) {
+        if (!ints) return v_float(x + y);
+        over = __builtin_add_overflow(i, j, &r);
+    } else if (!strcmp(op, "-")) {
+        if (!ints) return v_float(x - y);
+        over = __builtin_sub_overflow(i, j, &r);
+    } else if (!strcmp(op, "*")) {
+        if (!ints) return v_float(x * y);
+        over = __builtin_mul_overflow(i, j, &r);
+    } else if (!strcmp(op, "**") && ints && j >= 0) {
+        if (i == 0 || i == 1) r = j == 0 ? 1 : i;
+        else if (i == -1) r = j % 2 ? -1 : 1;
+        else for (long long k = (r = 1, 0); k < j && !over; k++) over = __builtin_mul_overflow(r, i, &r);   /* |i| >= 2: overflows within 64 */
+    } else if (!strcmp(op, "**")) {
         return v_float(pow(x, y));
+    } else {
+        goto divide;
     }
+    if (over) fail(&c->f, "line %d: integer result of %s does not fit in 64 bits", line, op);
+    return v_int(r);
+divide:
     if (y == 0) fail(&c->f, "line %d: division by zero", line);
+    if (ints && i == LLONG_MIN && j == -1) fail(&c->f, "line %d: integer result of %s does not fit in 64 bits", line, op);
     if (!strcmp(op, "/")) return v_float(x / y);
     if (!strcmp(op, "//")) {
         if (ints) { long long q = i / j; if ((i % j != 0) && ((i < 0) != (j < 0))) q--; return v_int(q); }
         return v_float(floor(x / y));
     }
     /* % with Python's sign rule */
-    if (ints) { long long r = i % j; if (r != 0 && ((r < 0) != (j < 0))) r += j; return v_int(r); }
-    double r = fmod(x, y);
-    if (r != 0 && ((r < 0) != (y < 0))) r += y;
-    return v_float(r);
+    if (ints) { r = i % j; if (r != 0 && ((r < 0) != (j < 0))) r += j; return v_int(r); }
+    double fr = fmod(x, y);
+    if (fr != 0 && ((fr < 0) != (y < 0))) fr += y;
+    return v_float(fr);
 }
 
 /* Keyword argument by name, or the positional one at pos, or NULL. */

@@ -69,9 +69,9 @@ static int reserve(char **p, size_t *cap, size_t need) {
 static const char *take(tok_stopper *s, size_t n, size_t *out_len) {
     *out_len = 0;
     if (reserve(&s->out, &s->out_cap, n + 1) != 0) return "";
-    memcpy(s->out, s->buf, n);
+    if (n) memcpy(s->out, s->buf, n);   /* buf is NULL until the first feed */
     s->out[n] = '\0';
-    memmove(s->buf, s->buf + n, s->len - n);
+    if (s->len > n) memmove(s->buf, s->buf + n, s->len - n);
     s->len -= n;
     *out_len = n;
     return s->out;
