@@ -309,6 +309,9 @@ int cuda_device_available(void);
 /* kernels/cuda_config.c: 0 if the CUDA kernels implement every option c uses,
  * else KDA_EUNSUP and a message naming the first option they lack. */
 int cuda_config_check(const model_config *c, char *err, size_t errlen);
+/* The KDA option of c that the CUDA chunked prompt kernel does not compute
+ * (prompts of such a model take the per-token kernel), or NULL. */
+const char *cuda_kda_chunk_lacks(const model_config *c);
 
 #ifdef __cplusplus
 }

@@ -208,6 +208,7 @@ static void carve(cuda_backend *b)
     b->embed = AT(uint16_t, lo->embed);
     b->lm_head = AT(uint16_t, lo->lm_head);
     b->final_norm = AT(float, lo->final_norm);
+    b->rope_inv = b->d.n_gqa ? AT(double, lo->rope_inv) : NULL;
     for (int l = 0, ik = 0, ig = 0; l < b->d.L; l++) {
         cu_layer *w = &b->lw[l];
         const cp_layer_off *o = &lo->layer[l];
@@ -215,9 +216,12 @@ static void carve(cuda_backend *b)
         w->w_mix = AT(uint16_t, o->w_mix), w->w_o = AT(uint16_t, o->w_o);
         w->w_gu = AT(uint16_t, o->w_gu), w->w_down = AT(uint16_t, o->w_down);
         w->attn_norm = AT(float, o->attn_norm), w->mlp_norm = AT(float, o->mlp_norm);
+        w->gu_bias = b->c->mlp_bias ? AT(float, o->gu_bias) : NULL;
+        w->down_bias = b->c->mlp_bias ? AT(float, o->down_bias) : NULL;
         if (b->c->kind[l] == KDA_LAYER_KDA) {
             w->kda_idx = ik++;
             w->convw = AT(float, o->convw);
+            w->conv_bias = b->c->conv_bias ? AT(float, o->conv_bias) : NULL;
             w->f1t = AT(uint16_t, o->f1t), w->g1t = AT(uint16_t, o->g1t);
             w->g_bias = AT(float, o->g_bias), w->A_log = AT(float, o->A_log);
             w->dt_bias = AT(float, o->dt_bias), w->onorm = AT(float, o->onorm);
@@ -226,6 +230,8 @@ static void carve(cuda_backend *b)
             w->gqa_idx = ig++;
             w->q_norm = b->c->qk_norm ? AT(float, o->q_norm) : NULL;
             w->k_norm = b->c->qk_norm ? AT(float, o->k_norm) : NULL;
+            w->mix_bias = b->c->qkv_bias ? AT(float, o->mix_bias) : NULL;
+            w->o_bias = b->c->o_bias ? AT(float, o->o_bias) : NULL;
         }
     }
     b->state = AT(float, lo->state);
@@ -398,8 +404,16 @@ int cuda_backend_create(backend **out, const backend_params *p, char *err, size_
         /* the prefill kernels where they support the shapes (else prompt
          * passes take the decode kernels, as with fast_prefill=0) */
         cp_dims *d = &b->d;
-        const int kda_ok = !d->n_kda || kc_kda_chunk_supported(d->H, d->K, d->V, d->taps);
+        /* KDA options the chunked kernel does not compute (GVA, the lower-bound
+         * gate, beta x 2, conv bias, no conv): prompts through the per-token
+         * kernel, which does */
+        const char *chunk_lacks = d->n_kda ? cuda_kda_chunk_lacks(c) : NULL;
+        const int kda_ok = !d->n_kda || (!chunk_lacks && kc_kda_chunk_supported(d->H, d->K, d->V, d->taps));
+        if (b->tn.fast_prefill && chunk_lacks && p->verbose)
+            fprintf(stderr, "cuda: the chunked KDA kernel does not compute %s: prompts take the per-token kernels\n",
+                    chunk_lacks);
         b->fast_prefill = b->tn.fast_prefill && kda_ok;
+        b->kda_preconv = d->n_kda && (c->kda_hv != c->kda_h || c->conv_bias || !c->short_conv);
         if (b->fast_prefill && d->n_kda)
             d->kda_chunk_ws = b->tn.kda_chunk_split > 1
                                   ? kc_kda_chunk_workspace_split(d->PM, d->max_seqs, d->H, d->K, d->V, b->tn.kda_chunk_split)

@@ -1,10 +1,11 @@
 /*
  * cuda_config.c - which config options the CUDA backend computes. Its
- * kernels implement the configs MODEL_SPEC §3-4 describe (softplus gate,
- * sigmoid beta, one value head per q/k head, the short conv without bias,
- * full causal attention with default RoPE, bias-free projections); a model
- * using anything else must be refused by name on --device cuda rather than
- * computed wrongly. The CPU backend implements all of them.
+ * kernels implement MODEL_SPEC §3-4 and the fla / llama options of §5a:
+ * both KDA gates, beta x 2, grouped value heads, short convs with or without
+ * bias or none, sliding-window attention, q/k/v/o and MLP biases, the
+ * default / linear / llama3 RoPE schedules, a q/k norm eps of its own. A
+ * model using anything else must be refused by name on --device cuda rather
+ * than computed wrongly. The CPU backend implements all of them.
  *
  * Plain C, compiled into every build (also the no-CUDA stub build), so the
  * engine tests check it without a GPU. cuda_backend_create calls it first.
@@ -19,33 +20,20 @@
 
 int cuda_config_check(const model_config *c, char *err, size_t errlen)
 {
-    int n_kda = 0, n_gqa = 0;
-    for (int l = 0; l < c->n_layers; l++) {
-        n_kda += c->kind[l] == KDA_LAYER_KDA;
-        n_gqa += c->kind[l] == KDA_LAYER_GQA;
-    }
     if (c->attnres_block)
         REFUSE("\"attnres_block_size\" (attention residuals) is not implemented; use --device cpu");
-    if (c->mlp_bias) REFUSE("\"mlp_bias\" (MLP projection biases) is not implemented; use --device cpu");
-    if (n_kda) {
-        if (c->kda_hv != c->kda_h)
-            REFUSE("\"num_v_heads\" %d > num_heads %d (grouped value heads) is not implemented; use --device cpu",
-                   c->kda_hv, c->kda_h);
-        if (!c->short_conv) REFUSE("\"use_short_conv\": false is not implemented; use --device cpu");
-        if (c->conv_bias) REFUSE("\"conv_bias\" (short-conv biases) is not implemented; use --device cpu");
-        if (c->gate == KDA_GATE_LOWER_BOUND)
-            REFUSE("\"lower_bound\" (the safe_gate / lower-bound decay gate) is not implemented; use --device cpu");
-        if (c->beta_scale != 1.0f) REFUSE("\"allow_neg_eigval\" (beta x 2) is not implemented; use --device cpu");
-    }
-    if (n_gqa) {
-        if (c->window) REFUSE("\"attn.window_size\" (sliding-window attention) is not implemented; use --device cpu");
-        if (c->qkv_bias || c->o_bias)
-            REFUSE("attention projection biases (\"qkv_bias\" / \"attention_bias\") are not implemented; use --device cpu");
-        if (c->rope_kind != KDA_ROPE_DEFAULT)
-            REFUSE("RoPE scaling (\"rope_scaling\" / \"rope_parameters\" type %s) is not implemented; use --device cpu",
-                   c->rope_kind == KDA_ROPE_LINEAR ? "linear" : "llama3");
-        if (c->qk_norm && c->qk_norm_eps != c->norm_eps)
-            REFUSE("\"qk_norm_eps\" different from the norm eps is not implemented; use --device cpu");
-    }
     return 0;
+}
+
+/* The chunked prompt kernel (kernels/ops_kda_chunk.cu) computes the softplus
+ * gate, sigmoid beta, one value head per q/k head and the bias-free short
+ * conv only; the per-token kernel computes the rest. */
+const char *cuda_kda_chunk_lacks(const model_config *c)
+{
+    if (c->kda_hv != c->kda_h) return "\"num_v_heads\" > num_heads (grouped value heads)";
+    if (c->gate == KDA_GATE_LOWER_BOUND) return "\"lower_bound\" (the lower-bound decay gate)";
+    if (c->beta_scale != 1.0f) return "\"allow_neg_eigval\" (beta x 2)";
+    if (!c->short_conv) return "\"use_short_conv\": false";
+    if (c->conv_bias) return "\"conv_bias\"";
+    return NULL;
 }

@@ -36,9 +36,12 @@ static int gemm(cuda_backend *b, float *y, int ldy, const uint16_t *x, int ldx, 
     return kc_gemm(b->cublas, y, ldy, x, ldx, W, T, N, K, beta, s);
 }
 
-/* rows [0, T) belong to items [0, n_items) */
+/* rows [0, T) belong to items [0, n_items). Models with GVA, conv biases or
+ * no short conv run the conv as its own pass first (kc_kda_conv, in place on
+ * proj) and the step kernel reads the activated q | k | v. */
 static int kda_mixer(cuda_backend *b, const cu_layer *w, int T, int n_items, cudaStream_t s)
 {
+    const model_config *c = b->c;
     const cp_dims *d = &b->d;
     kc_kda_args a;
     memset(&a, 0, sizeof a);
@@ -62,6 +65,9 @@ static int kda_mixer(cuda_backend *b, const cu_layer *w, int T, int n_items, cud
     a.onorm = w->onorm;
     a.eps = b->eps;
     a.H = d->H, a.K = d->K, a.V = d->V, a.R = d->R, a.taps = d->taps;
+    a.group = d->H / d->Hqk;
+    a.lower_bound = c->gate == KDA_GATE_LOWER_BOUND ? c->gate_lower_bound : 0.0f;
+    a.neg_eigval = c->beta_scale != 1.0f;
     a.y = b->ybuf;
     a.ldy = d->HV;
     a.lowrank = b->lowrank;
@@ -69,7 +75,21 @@ static int kda_mixer(cuda_backend *b, const cu_layer *w, int T, int n_items, cud
     a.tiled = b->tn.kda_tiled;
     a.tile_occ = b->tn.kda_tile_occ;
     a.tile_clusters = b->tn.kda_tile_clusters;
+    if (b->kda_preconv) {
+        a.convw = c->short_conv ? w->convw : NULL;
+        a.conv_bias = w->conv_bias;
+        if (kc_kda_conv(&a, s)) return -7;
+        a.preconv = 1;
+    }
     return kc_kda_step(&a, s);
+}
+
+/* the config's GQA options into the kernel arguments (both paths) */
+static void gqa_options(const cuda_backend *b, kc_gqa_args *a)
+{
+    a->eps = b->c->qk_norm_eps; /* the q/k norm's own eps (llama qk_norm_eps; else norm_eps) */
+    a->rope_inv_freq = b->rope_inv;
+    a->window = b->c->window;
 }
 
 static int gqa_mixer(cuda_backend *b, const cu_layer *w, int T, int split, cudaStream_t s)
@@ -84,9 +104,9 @@ static int gqa_mixer(cuda_backend *b, const cu_layer *w, int T, int split, cudaS
     a.tok_slot = b->dm.tok_slot;
     a.T = T;
     a.q_norm = w->q_norm, a.k_norm = w->k_norm;
-    a.eps = b->eps;
     a.Hq = d->Hq, a.Hkv = d->Hkv, a.hd = d->hd, a.rope_dim = d->rope_dim;
     a.theta = b->c->rope_theta;
+    gqa_options(b, &a);
     a.q = b->q;
     a.kv = b->kv;
     a.block_stride = d->block_elems;
@@ -105,18 +125,28 @@ static int mlp_block(cuda_backend *b, const cu_layer *w, int T, int gemv, char *
 {
     const int D = b->d.D, F = b->d.F;
     cudaStream_t s = b->st;
-    if (gemv) {
+    if (gemv && !w->gu_bias) {
         KC_CHECK(kc_gemv(b->act, F, w->w_gu, F, D, b->h, D, w->mlp_norm, b->eps, T, KC_IN_NORM, KC_OUT_SWIGLU, s));
         KC_CHECK(kc_gemv(b->h, D, w->w_down, D, F, b->act, F, NULL, 0.0f, T, KC_IN_BF16, KC_OUT_ADD, s));
+        PROF(b, KDA_PROF_GEMM);
+    } else if (gemv) { /* mlp_bias: gate|up stored, biased, then SwiGLU; the down bias after the residual add */
+        KC_CHECK(kc_gemv(b->proj, 2 * F, w->w_gu, 2 * F, D, b->h, D, w->mlp_norm, b->eps, T, KC_IN_NORM,
+                         KC_OUT_STORE, s));
+        KC_CHECK(kc_add_bias(b->proj, 2 * F, w->gu_bias, T, 2 * F, s));
+        KC_CHECK(kc_swiglu(b->act, b->proj, T, F, s));
+        KC_CHECK(kc_gemv(b->h, D, w->w_down, D, F, b->act, F, NULL, 0.0f, T, KC_IN_BF16, KC_OUT_ADD, s));
+        KC_CHECK(kc_add_bias(b->h, D, w->down_bias, T, D, s));
         PROF(b, KDA_PROF_GEMM);
     } else {
         KC_CHECK(kc_rmsnorm(b->xn, b->h, NULL, w->mlp_norm, T, D, b->eps, s));
         PROF(b, KDA_PROF_OTHER);
         KC_CHECK(gemm(b, b->proj, 2 * F, b->xn, D, w->w_gu, T, 2 * F, D, 0.0f, s));
         PROF(b, KDA_PROF_GEMM);
+        if (w->gu_bias) KC_CHECK(kc_add_bias(b->proj, 2 * F, w->gu_bias, T, 2 * F, s));
         KC_CHECK(kc_swiglu(b->act, b->proj, T, F, s));
         PROF(b, KDA_PROF_OTHER);
         KC_CHECK(gemm(b, b->h, D, b->act, F, w->w_down, T, D, F, 1.0f, s));
+        if (w->down_bias) KC_CHECK(kc_add_bias(b->h, D, w->down_bias, T, D, s));
         PROF(b, KDA_PROF_GEMM);
     }
     return 0;
@@ -143,6 +173,7 @@ int cu_forward(cuda_backend *b, int T, int n_items, int split, char *err, size_t
             PROF(b, KDA_PROF_OTHER);
             KC_CHECK(gemm(b, b->proj, d->ldp, b->xn, D, w->w_mix, T, w->n_mix, D, 0.0f, s));
         }
+        if (w->mix_bias) KC_CHECK(kc_add_bias(b->proj, d->ldp, w->mix_bias, T, w->n_mix, s));
         PROF(b, KDA_PROF_GEMM);
         const int kda = b->c->kind[l] == KDA_LAYER_KDA;
         if (kda) KC_CHECK(kda_mixer(b, w, T, n_items, s));
@@ -154,6 +185,7 @@ int cu_forward(cuda_backend *b, int T, int n_items, int split, char *err, size_t
             KC_CHECK(kc_gemv(b->h, D, w->w_o, D, ycols, b->ybuf, ycols, NULL, 0.0f, T, KC_IN_BF16, KC_OUT_ADD, s));
         else
             KC_CHECK(gemm(b, b->h, D, b->ybuf, ycols, w->w_o, T, D, ycols, 1.0f, s));
+        if (w->o_bias) KC_CHECK(kc_add_bias(b->h, D, w->o_bias, T, D, s));
         PROF(b, KDA_PROF_GEMM);
         int rc = mlp_block(b, w, T, gemv, err, errlen);
         if (rc) return rc;
@@ -243,9 +275,9 @@ static int gqa_mixer_prefill(cuda_backend *b, const cu_layer *w, int T, int n_de
     a.tok_slot = b->dm.tok_slot;
     a.T = T;
     a.q_norm = w->q_norm, a.k_norm = w->k_norm;
-    a.eps = b->eps;
     a.Hq = d->Hq, a.Hkv = d->Hkv, a.hd = d->hd, a.rope_dim = d->rope_dim;
     a.theta = b->c->rope_theta;
+    gqa_options(b, &a);
     a.q = b->q;
     a.kv = b->kv;
     a.block_stride = d->block_elems;
@@ -283,6 +315,7 @@ int cu_forward_prefill(cuda_backend *b, int T, int n_items, int n_dec, int max_c
         KC_CHECK(kc_rmsnorm(b->xn, b->h, NULL, w->attn_norm, T, D, b->eps, s));
         PROF(b, KDA_PROF_OTHER);
         KC_CHECK(gemm(b, b->proj, d->ldp, b->xn, D, w->w_mix, T, w->n_mix, D, 0.0f, s));
+        if (w->mix_bias) KC_CHECK(kc_add_bias(b->proj, d->ldp, w->mix_bias, T, w->n_mix, s));
         PROF(b, KDA_PROF_GEMM);
         const int kda = b->c->kind[l] == KDA_LAYER_KDA;
         int rc = 0;
@@ -295,6 +328,7 @@ int cu_forward_prefill(cuda_backend *b, int T, int n_items, int n_dec, int max_c
         if (rc) return rc;
         const int ycols = kda ? d->HV : d->Hq * d->hd;
         KC_CHECK(gemm(b, b->h, D, b->ybuf, ycols, w->w_o, T, D, ycols, 1.0f, s));
+        if (w->o_bias) KC_CHECK(kc_add_bias(b->h, D, w->o_bias, T, D, s));
         PROF(b, KDA_PROF_GEMM);
         if ((rc = mlp_block(b, w, T, 0, err, errlen))) return rc;
     }

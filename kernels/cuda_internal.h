@@ -53,15 +53,19 @@ typedef struct {
     uint16_t *w_gu;    /* [2F, D] gate rows then up rows */
     uint16_t *w_down;  /* [D, F] */
     float *attn_norm, *mlp_norm; /* [D] */
+    float *gu_bias, *down_bias;  /* [2F], [D] (mlp_bias) or NULL */
     int n_mix;         /* rows of w_mix */
-    /* KDA */
-    float *convw;      /* [2HK+HV, taps] */
+    /* KDA (cp_dims: H value heads, QK = q/k width) */
+    float *convw;      /* [2QK+HV, taps] */
+    float *conv_bias;  /* [2QK+HV] or NULL */
     uint16_t *f1t, *g1t; /* [R, HK], [R, HV]: the decode kernel's low-rank layout */
     uint16_t *f1, *g1;   /* [HK, R], [HV, R]: the prefill GEMMs' */
     float *g_bias, *A_log, *dt_bias, *onorm; /* [HV], [H], [HK], [V] */
     int kda_idx;       /* index among KDA layers (state offset) */
     /* GQA */
     float *q_norm, *k_norm; /* [hd] or NULL */
+    float *mix_bias;   /* [n_mix]: q|gate|k|v biases (0 on the gate rows), or NULL (no qkv_bias) */
+    float *o_bias;     /* [D] or NULL */
     int gqa_idx;       /* index among GQA layers (KV offset) */
 } cu_layer;
 
@@ -81,6 +85,8 @@ typedef struct {
     cu_layer *lw;              /* [L] */
     uint16_t *embed, *lm_head; /* [vocab, D] (lm_head == embed when tied) */
     float *final_norm;         /* [D] */
+    double *rope_inv;          /* [rope_dim / 2] RoPE frequencies (GQA models) */
+    int kda_preconv;           /* KDA layers run kc_kda_conv before the step (GVA, conv_bias, no conv) */
     /* state and caches */
     float *state;              /* [max_seqs][slot_floats] */
     uint16_t *kv;              /* KV blocks */

@@ -42,6 +42,9 @@ int kc_rmsnorm(uint16_t *out, const float *x, const int32_t *rows, const float *
 /* out[t * ldo + c] = bf16(in[t * ldi + c]) for c < ncols. */
 int kc_cast_bf16(uint16_t *out, int ldo, const float *in, int ldi, int T, int ncols, cudaStream_t s);
 
+/* y[t * ldy + c] += bias[c] for c < n, t < T (projection biases after a GEMM). */
+int kc_add_bias(float *y, int ldy, const float *bias, int T, int n, cudaStream_t s);
+
 /* out[t, f] = bf16(silu(gu[t, f]) * gu[t, F + f]); gu [T, 2F] fp32. */
 int kc_swiglu(uint16_t *out, const float *gu, int T, int F, cudaStream_t s);
 
@@ -64,26 +67,41 @@ int kc_gemm(void *cublas_handle, float *y, int ldy, const uint16_t *x, int ldx, 
             int T, int N, int K, float beta, cudaStream_t s);
 
 /* ---- KDA decode/prefill step (MODEL_SPEC 3, steps 2-7 after the projections) ----
- * One block per (item, head) walks the item's tokens in order: conv + SiLU,
- * L2 norms, gate (F1 f0 + dt_bias), beta, delta-rule update, read-out, gated
- * output RMSNorm. The head's state is read once and written once per call. */
+ * One block per (item, value head) walks the item's tokens in order: conv +
+ * SiLU, L2 norms, gate (F1 f0 + dt_bias), beta, delta-rule update, read-out,
+ * gated output RMSNorm. The head's state is read once and written once per call.
+ * H is the number of value heads (state heads); with GVA (group > 1) value
+ * head h reads q/k head h / group, and there are H / group q/k heads:
+ * QK = (H / group) * K columns each for q and k. Below HK = H*K (gate
+ * columns, one K-vector per value head) and HV = H*V. */
 typedef struct {
-    const float *proj;     /* [T, ldp]: q raw [H*K] | k raw [H*K] | v raw [H*V] at col 0.. */
+    const float *proj;     /* [T, ldp]: q raw [QK] | k raw [QK] | v raw [HV] at col 0.. (after
+                              kc_kda_conv, with preconv: the activated q | k | v) */
     int ldp;
     int off_f0, off_g0, off_beta; /* cols of f0 out [R], g0 out [R], beta logits [H] */
     const int32_t *item_row0, *item_ntok, *item_slot; /* [n_items]; slot < 0 = skip */
     int n_items;
-    float *state;          /* per slot: S [H, K, V] fp32, then conv tail [taps-1, 2HK+HV] */
+    float *state;          /* per slot: S [H, K, V] fp32, then conv tail [taps-1, 2QK+HV] */
     size_t slot_stride;    /* floats between slots */
-    const float *convw;    /* [2HK+HV, taps] q|k|v channels */
-    const uint16_t *f1t;   /* [R, H*K] bf16 (F1 transposed) */
-    const uint16_t *g1t;   /* [R, H*V] bf16 (G1 transposed) */
-    const float *g_bias;   /* [H*V] or NULL */
+    const float *convw;    /* [2QK+HV, taps] q|k|v channels; NULL: no short conv (fla
+                              use_short_conv false: SiLU alone, no tail; kc_kda_conv only) */
+    const float *conv_bias; /* [2QK+HV] added before the SiLU, or NULL (kc_kda_conv only) */
+    const uint16_t *f1t;   /* [R, HK] bf16 (F1 transposed) */
+    const uint16_t *g1t;   /* [R, HV] bf16 (G1 transposed) */
+    const float *g_bias;   /* [HV] or NULL */
     const float *A_log;    /* [H] */
-    const float *dt_bias;  /* [H*K] */
+    const float *dt_bias;  /* [HK] */
     const float *onorm;    /* [V] */
     float eps;
     int H, K, V, R, taps;
+    int group;             /* value heads per q/k head (fla GVA); 0 or 1: none */
+    float lower_bound;     /* < 0: fla's lower-bound gate lower_bound * sigmoid(exp(A_log) (g + dt_bias));
+                              0: the softplus gate -exp(A_log) softplus(g + dt_bias) */
+    int neg_eigval;        /* beta = 2 sigmoid(b) (fla allow_neg_eigval), else sigmoid(b) */
+    int preconv;           /* q | k | v in proj are already conv'd and activated (kc_kda_conv ran):
+                              the step reads them as they are and touches no conv tail. Required
+                              with group > 1 (the value heads of a group share one q/k tail) and
+                              without a conv (convw NULL) */
     uint16_t *y;           /* [T, ldy] bf16 gated output, cols h*V.. */
     int ldy;
     /* optional scratch [lowrank_rows, H*K + H*V] fp32: when set, F1 f0 and
@@ -96,6 +114,12 @@ typedef struct {
     int tiled, tile_occ, tile_clusters;
 } kc_kda_args;
 int kc_kda_step(const kc_kda_args *a, cudaStream_t s);
+/* The short conv alone, in place: for every live item, the q | k | v columns
+ * of its rows become SiLU(causal conv over (tail ++ rows) + conv_bias) (SiLU
+ * alone when convw is NULL), and the slot's conv tail moves on; one thread per
+ * channel walks the item's tokens. Reads proj, item_*, state, slot_stride,
+ * convw, conv_bias, H, K, V, taps, group. kc_kda_step with preconv follows. */
+int kc_kda_conv(const kc_kda_args *a, cudaStream_t s);
 
 /* ---- GQA ----
  * Paged KV cache: block b (blk tokens) starts at kv + b * block_stride; GQA
@@ -111,6 +135,11 @@ typedef struct {
     float eps;
     int Hq, Hkv, hd, rope_dim;
     double theta;
+    const double *rope_inv_freq; /* [rope_dim / 2] device: the RoPE frequencies (model_config
+                                    rope_inv_freq: default, linear or llama3 schedule); NULL:
+                                    theta^(-2i / rope_dim) */
+    int window;            /* sliding window W: the row at position p attends to positions
+                              max(0, p - W + 1) .. p; 0: all (the cache keeps every row either way) */
     float *q;              /* [T, Hq, hd] scratch: normed + roped queries */
     uint16_t *kv;
     size_t block_stride, layer_off;
@@ -121,7 +150,7 @@ typedef struct {
 /* q/k RMSNorm + partial RoPE, q to a->q, k and v appended to the cache. */
 int kc_gqa_qkv(const kc_gqa_args *a, cudaStream_t s);
 /* Causal attention of each row's query over its sequence's cache positions
- * 0..tok_pos[t], split over the context in chunks of `split` keys (at most
+ * 0..tok_pos[t] (the last `window` of them when window > 0), split over the context in chunks of `split` keys (at most
  * nsplit_max chunks), combined, times sigmoid(gate), to out bf16 [T, ldo].
  * opart [T, Hq, nsplit_max, hd] and ml [T, Hq, nsplit_max, 2] are scratch. */
 int kc_gqa_attn(const kc_gqa_args *a, float *opart, float *ml, int nsplit_max, int split,

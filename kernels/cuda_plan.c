@@ -15,8 +15,9 @@ int cp_dims_init(cp_dims *d, const model_config *c, const model_weights *w, int 
 {
     memset(d, 0, sizeof *d);
     d->D = c->d, d->F = c->ffn, d->vocab = c->vocab, d->L = c->n_layers;
-    d->H = c->kda_h, d->K = c->kda_k, d->V = c->kda_v, d->taps = c->conv_size;
+    d->H = c->kda_hv, d->K = c->kda_k, d->V = c->kda_v, d->taps = c->conv_size;
     d->HK = d->H * d->K, d->HV = d->H * d->V;
+    d->Hqk = c->kda_h, d->QK = d->Hqk * d->K;
     d->Hq = c->gqa_h, d->Hkv = c->gqa_kvh, d->hd = c->gqa_hd, d->rope_dim = c->rope_dim;
     d->n_kda = model_n_kda_layers(c);
     d->n_gqa = model_n_gqa_layers(c);
@@ -26,7 +27,7 @@ int cp_dims_init(cp_dims *d, const model_config *c, const model_weights *w, int 
         if (c->kind[l] == KDA_LAYER_KDA) d->R = (int)w->layers[l].kda.f0.rows;
     /* shapes the kernels support */
     if (d->n_kda && (!(d->K == 16 || d->K == 32 || d->K == 64 || d->K == 128) || d->V > 128 || d->R > 256 ||
-                     d->taps < 1 || d->taps > 4 || d->HV % 8)) {
+                     d->taps < 1 || d->taps > 4 || d->HV % 8 || !d->Hqk || d->H % d->Hqk)) {
         snprintf(err, errlen, "CUDA backend: unsupported KDA shape (K=%d V=%d rank=%d conv=%d)", d->K, d->V, d->R,
                  d->taps);
         return KDA_EUNSUP;
@@ -42,7 +43,7 @@ int cp_dims_init(cp_dims *d, const model_config *c, const model_weights *w, int 
         return KDA_EUNSUP;
     }
     /* projection layouts: KDA [q | k | v | f0 | g0 | beta], GQA [q | gate | k | v] */
-    d->kda_off_f0 = 2 * d->HK + d->HV;
+    d->kda_off_f0 = 2 * d->QK + d->HV;
     d->kda_off_g0 = d->kda_off_f0 + d->R;
     d->kda_off_beta = d->kda_off_g0 + d->R;
     d->kda_cols = d->kda_off_beta + d->H;
@@ -88,6 +89,7 @@ void cp_layout_compute(cp_layout *lo, const cp_dims *d, const model_config *c, i
     lo->embed = take(&o, (size_t)d->vocab * D * 2);
     lo->lm_head = d->tied ? lo->embed : take(&o, (size_t)d->vocab * D * 2);
     lo->final_norm = take(&o, D * 4);
+    if (d->n_gqa) lo->rope_inv = take(&o, (size_t)(d->rope_dim / 2 + 1) * 8);
     for (int l = 0; l < d->L; l++) {
         cp_layer_off *w = &lo->layer[l];
         const int kda = c->kind[l] == KDA_LAYER_KDA;
@@ -99,8 +101,13 @@ void cp_layout_compute(cp_layout *lo, const cp_dims *d, const model_config *c, i
         w->w_down = take(&o, D * F * 2);
         w->attn_norm = take(&o, D * 4);
         w->mlp_norm = take(&o, D * 4);
+        if (c->mlp_bias) {
+            w->gu_bias = take(&o, 2 * F * 4);
+            w->down_bias = take(&o, D * 4);
+        }
         if (kda) {
-            w->convw = take(&o, (size_t)(2 * d->HK + d->HV) * d->taps * 4);
+            w->convw = take(&o, (size_t)(2 * d->QK + d->HV) * d->taps * 4);
+            if (c->conv_bias) w->conv_bias = take(&o, (size_t)(2 * d->QK + d->HV) * 4);
             w->f1t = take(&o, (size_t)d->R * d->HK * 2);
             w->g1t = take(&o, (size_t)d->R * d->HV * 2);
             w->g_bias = take(&o, (size_t)d->HV * 4);
@@ -109,9 +116,13 @@ void cp_layout_compute(cp_layout *lo, const cp_dims *d, const model_config *c, i
             w->onorm = take(&o, (size_t)d->V * 4);
             w->f1 = take(&o, (size_t)d->HK * d->R * 2);
             w->g1 = take(&o, (size_t)d->HV * d->R * 2);
-        } else if (c->qk_norm) {
-            w->q_norm = take(&o, (size_t)d->hd * 4);
-            w->k_norm = take(&o, (size_t)d->hd * 4);
+        } else {
+            if (c->qk_norm) {
+                w->q_norm = take(&o, (size_t)d->hd * 4);
+                w->k_norm = take(&o, (size_t)d->hd * 4);
+            }
+            if (c->qkv_bias) w->mix_bias = take(&o, (size_t)w->n_mix * 4);
+            if (c->o_bias) w->o_bias = take(&o, D * 4);
         }
     }
     lo->weights_end = lo->weight_bytes = o;

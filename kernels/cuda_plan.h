@@ -29,7 +29,10 @@ extern "C" {
 
 typedef struct {
     int D, F, vocab, L, n_kda, n_gqa;
-    int H, K, V, R, taps, HK, HV;                 /* KDA (V = value width per head) */
+    int H, K, V, R, taps, HK, HV;                 /* KDA: H value (state) heads, V = value width per
+                                                     head, HK = H*K gate columns, HV = H*V */
+    int Hqk, QK;                                  /* KDA q/k heads (H / Hqk value heads share one, fla
+                                                     GVA) and the q (= k) width Hqk*K */
     int kda_off_f0, kda_off_g0, kda_off_beta, kda_cols; /* KDA projection columns */
     int Hq, Hkv, hd, rope_dim;                    /* GQA */
     int gqa_off_q, gqa_off_g, gqa_off_k, gqa_off_v, gqa_cols; /* gqa_off_g < 0: no output gate */
@@ -58,6 +61,10 @@ typedef struct {
     size_t w_mix, w_o, w_gu, w_down, attn_norm, mlp_norm; /* every layer */
     size_t convw, f1t, g1t, g_bias, A_log, dt_bias, onorm; /* KDA layers */
     size_t f1, g1;                                         /* KDA: F1 [HK, R], G1 [HV, R] for the prefill GEMMs */
+    size_t conv_bias;                                      /* KDA with conv_bias: [2QK+HV] */
+    size_t mix_bias, o_bias;                               /* GQA with qkv_bias: [n_mix] (0 on gate rows);
+                                                              with o_bias: [D] */
+    size_t gu_bias, down_bias;                             /* mlp_bias: [2F], [D] */
     size_t q_norm, k_norm;                                 /* GQA layers with qk_norm */
     int n_mix;                                             /* rows of w_mix */
 } cp_layer_off;
@@ -65,6 +72,7 @@ typedef struct {
 typedef struct {
     cp_layer_off layer[KDA_MAX_LAYERS];
     size_t embed, lm_head, final_norm;
+    size_t rope_inv;                      /* GQA: [rope_dim / 2] double, model_config rope_inv_freq */
     size_t weights_end;                   /* weights occupy [0, weights_end) */
     size_t state;                         /* [max_seqs][slot_floats] fp32 */
     size_t snap_state;                    /* [n_snaps][slot_floats] fp32: prefix snapshots */

@@ -114,6 +114,7 @@ static int upload_all(cuda_backend *b, const model_weights *W, stager *sg, char 
     const model_config *c = b->c;
     const cp_dims *d = &b->d;
     const size_t D = (size_t)d->D;
+    const tensor_view none = {}; /* an absent tensor: upload_f32 fills its default */
 #define UP(call)                                                                                   \
     do {                                                                                           \
         int rc_ = (call);                                                                          \
@@ -122,6 +123,14 @@ static int upload_all(cuda_backend *b, const model_weights *W, stager *sg, char 
     UP(upload_matrix(b->embed, &W->embed, sg, err, errlen));
     if (b->lm_head != b->embed) UP(upload_matrix(b->lm_head, &W->lm_head, sg, err, errlen));
     UP(upload_f32(b->final_norm, &W->final_norm, D, 1.0f, sg, err, errlen));
+    if (b->rope_inv) { /* the frequencies config.c computed for the schedule (default / linear / llama3) */
+        cudaError_t e = cudaMemcpy(b->rope_inv, c->rope_inv_freq, (size_t)(c->rope_dim / 2) * sizeof(double),
+                                   cudaMemcpyHostToDevice);
+        if (e != cudaSuccess) {
+            snprintf(err, errlen, "uploading the RoPE frequencies: %s", cudaGetErrorString(e));
+            return KDA_EDEVICE;
+        }
+    }
     for (int l = 0; l < c->n_layers; l++) {
         cu_layer *w = &b->lw[l];
         const layer_weights *lw = &W->layers[l];
@@ -130,20 +139,32 @@ static int upload_all(cuda_backend *b, const model_weights *W, stager *sg, char 
         UP(upload_matrix(w->w_gu, &lw->mlp.gate, sg, err, errlen));
         UP(upload_matrix(w->w_gu + (size_t)d->F * D, &lw->mlp.up, sg, err, errlen));
         UP(upload_matrix(w->w_down, &lw->mlp.down, sg, err, errlen));
+        if (w->gu_bias) {
+            UP(upload_f32(w->gu_bias, &lw->mlp.gate_bias, (size_t)d->F, 0.0f, sg, err, errlen));
+            UP(upload_f32(w->gu_bias + d->F, &lw->mlp.up_bias, (size_t)d->F, 0.0f, sg, err, errlen));
+            UP(upload_f32(w->down_bias, &lw->mlp.down_bias, D, 0.0f, sg, err, errlen));
+        }
         if (c->kind[l] == KDA_LAYER_KDA) {
             const kda_layer *k = &lw->kda;
+            const size_t QK = (size_t)d->QK;
             UP(upload_matrix(w->w_mix, &k->q, sg, err, errlen));
-            UP(upload_matrix(w->w_mix + (size_t)d->HK * D, &k->k, sg, err, errlen));
-            UP(upload_matrix(w->w_mix + (size_t)2 * d->HK * D, &k->v, sg, err, errlen));
+            UP(upload_matrix(w->w_mix + QK * D, &k->k, sg, err, errlen));
+            UP(upload_matrix(w->w_mix + 2 * QK * D, &k->v, sg, err, errlen));
             UP(upload_matrix(w->w_mix + (size_t)d->kda_off_f0 * D, &k->f0, sg, err, errlen));
             UP(upload_matrix(w->w_mix + (size_t)d->kda_off_g0 * D, &k->g0, sg, err, errlen));
             UP(upload_matrix(w->w_mix + (size_t)d->kda_off_beta * D, &k->b, sg, err, errlen));
             UP(upload_matrix(w->w_o, &k->o, sg, err, errlen));
-            UP(upload_f32(w->convw, &k->q_conv, (size_t)d->HK * d->taps, 0.0f, sg, err, errlen));
-            UP(upload_f32(w->convw + (size_t)d->HK * d->taps, &k->k_conv, (size_t)d->HK * d->taps, 0.0f, sg, err,
-                          errlen));
-            UP(upload_f32(w->convw + (size_t)2 * d->HK * d->taps, &k->v_conv, (size_t)d->HV * d->taps, 0.0f, sg, err,
-                          errlen));
+            if (c->short_conv) {
+                UP(upload_f32(w->convw, &k->q_conv, QK * d->taps, 0.0f, sg, err, errlen));
+                UP(upload_f32(w->convw + QK * d->taps, &k->k_conv, QK * d->taps, 0.0f, sg, err, errlen));
+                UP(upload_f32(w->convw + 2 * QK * d->taps, &k->v_conv, (size_t)d->HV * d->taps, 0.0f, sg, err,
+                              errlen));
+            }
+            if (w->conv_bias) {
+                UP(upload_f32(w->conv_bias, &k->q_conv_bias, QK, 0.0f, sg, err, errlen));
+                UP(upload_f32(w->conv_bias + QK, &k->k_conv_bias, QK, 0.0f, sg, err, errlen));
+                UP(upload_f32(w->conv_bias + 2 * QK, &k->v_conv_bias, (size_t)d->HV, 0.0f, sg, err, errlen));
+            }
             UP(upload_transposed(w->f1t, &k->f1, sg, err, errlen));
             UP(upload_transposed(w->g1t, &k->g1, sg, err, errlen));
             UP(upload_matrix(w->f1, &k->f1, sg, err, errlen));
@@ -163,6 +184,14 @@ static int upload_all(cuda_backend *b, const model_weights *W, stager *sg, char 
                 UP(upload_f32(w->q_norm, &g->q_norm, d->hd, 1.0f, sg, err, errlen));
                 UP(upload_f32(w->k_norm, &g->k_norm, d->hd, 1.0f, sg, err, errlen));
             }
+            if (w->mix_bias) { /* laid out like w_mix's rows: q | gate (no bias: 0) | k | v */
+                const size_t QD = (size_t)d->Hq * d->hd, KD = (size_t)d->Hkv * d->hd;
+                UP(upload_f32(w->mix_bias, &g->q_bias, QD, 0.0f, sg, err, errlen));
+                if (c->output_gate) UP(upload_f32(w->mix_bias + d->gqa_off_g, &none, QD, 0.0f, sg, err, errlen));
+                UP(upload_f32(w->mix_bias + d->gqa_off_k, &g->k_bias, KD, 0.0f, sg, err, errlen));
+                UP(upload_f32(w->mix_bias + d->gqa_off_v, &g->v_bias, KD, 0.0f, sg, err, errlen));
+            }
+            if (w->o_bias) UP(upload_f32(w->o_bias, &g->o_bias, D, 0.0f, sg, err, errlen));
         }
     }
 #undef UP

@@ -141,7 +141,8 @@ static constexpr size_t pf_smem_bytes(int hd)
 template <int HD>
 static __device__ __forceinline__ void attn_tile(const bf16 *Kt, const bf16 *Vt, const uint32_t (&qf)[HD / 16][4],
                                                  float (&o)[HD / 8][4], float (&m)[2], float (&l)[2],
-                                                 const int (&qpos)[2], int k0, int wq_min, float sl, int lane, int tig)
+                                                 const int (&qpos)[2], const int (&qlo)[2], int k0, int wq_min,
+                                                 int wlo_max, float sl, int lane, int tig)
 {
     constexpr int LDS = HD + 8, KCH = HD / 16, NT = PF_BN / 8, DT = HD / 8;
     float s[NT][4];
@@ -157,12 +158,16 @@ static __device__ __forceinline__ void attn_tile(const bf16 *Kt, const bf16 *Vt,
             mma_16816(s[2 * np], qf[kk], b[0], b[1]);
             mma_16816(s[2 * np + 1], qf[kk], b[2], b[3]);
         }
-    if (k0 + PF_BN - 1 > wq_min) { /* the tile crosses some row's position */
+    /* the tile crosses some row's position, or (sliding window) starts
+     * before some row's first key */
+    if (k0 + PF_BN - 1 > wq_min || k0 < wlo_max) {
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-            for (int e = 0; e < 4; e++)
-                if (k0 + nt * 8 + 2 * tig + (e & 1) > qpos[e >> 1]) s[nt][e] = -INFINITY;
+            for (int e = 0; e < 4; e++) {
+                const int kp = k0 + nt * 8 + 2 * tig + (e & 1);
+                if (kp > qpos[e >> 1] || kp < qlo[e >> 1]) s[nt][e] = -INFINITY;
+            }
     }
 #pragma unroll
     for (int i = 0; i < 2; i++) {
@@ -237,13 +242,17 @@ __global__ void __launch_bounds__(NW * 32, MINB)
     if (ntq <= 0) return;
     const int kcap = a.max_blocks * a.blk; /* positions the block table can address */
     const int tile_kend = min(it.pos0 + tok0 + ntq, kcap);
-    const int ks = sp * split_keys;
-    if (ks >= tile_kend) return; /* the combine reads only splits that start before a row's end */
-    const int ke = sp == nsplit - 1 ? tile_kend : min(tile_kend, ks + split_keys);
+    /* sliding window: no row of the tile reads keys below its first row's
+     * first key; every split the combine reads for a row (attn_prefill_combine_kernel
+     * from the split holding the row's first key) still runs here */
+    const int tile_klo = a.window > 0 ? max(0, it.pos0 + tok0 - a.window + 1) : 0;
+    const int ks = max(sp * split_keys, tile_klo);
+    const int ke = sp == nsplit - 1 ? tile_kend : min(tile_kend, sp * split_keys + split_keys);
+    if (ks >= ke) return; /* the combine reads only splits that hold some of a row's keys */
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, grp = lane >> 2, tig = lane & 3;
     /* this thread's two rows: grp and grp + 8 of the warp */
-    int trow[2], head[2], qpos[2];
+    int trow[2], head[2], qpos[2], qlo[2]; /* qlo: the row's first key (INT_MIN: no window) */
 #pragma unroll
     for (int i = 0; i < 2; i++) {
         const int r = warp * 16 + grp + 8 * i, tq = r / G;
@@ -251,10 +260,14 @@ __global__ void __launch_bounds__(NW * 32, MINB)
         trow[i] = valid ? it.row0 + tok0 + tq : -1;
         head[i] = kvh * G + r % G;
         qpos[i] = valid ? it.pos0 + tok0 + tq : -1;
+        qlo[i] = a.window > 0 ? qpos[i] - a.window + 1 : INT_MIN;
     }
     const int wtq0 = warp * 16 / G, wtq1 = min((warp * 16 + 15) / G, ntq - 1);
     const bool warp_live = wtq0 < ntq;
     const int wq_min = it.pos0 + tok0 + wtq0, wq_max = it.pos0 + tok0 + wtq1;
+    /* sliding window: the first keys of the warp's first and last rows */
+    const int wlo_min = a.window > 0 ? wq_min - a.window + 1 : INT_MIN;
+    const int wlo_max = a.window > 0 ? wq_max - a.window + 1 : INT_MIN;
 
     /* q as A fragments, bf16, for the whole walk */
     uint32_t qf[KCH][4];
@@ -321,8 +334,10 @@ __global__ void __launch_bounds__(NW * 32, MINB)
         const int b2 = key_block(ks + (j + 2) * PF_BN); /* tile j+2, into soff[st] below */
         cp_async_wait1();
         __syncthreads(); /* tile j visible to all */
-        if (warp_live && k0 <= wq_max) /* else every row of this warp ends before the tile */
-            attn_tile<HD>(sK + st * PF_BN * LDS, sV + st * PF_BN * LDS, qf, o, m, l, qpos, k0, wq_min, sl, lane, tig);
+        /* else every row of this warp ends before the tile, or (window) starts after it */
+        if (warp_live && k0 <= wq_max && k0 + PF_BN - 1 >= wlo_min)
+            attn_tile<HD>(sK + st * PF_BN * LDS, sV + st * PF_BN * LDS, qf, o, m, l, qpos, qlo, k0, wq_min, wlo_max,
+                          sl, lane, tig);
         set_offset(ks + (j + 2) * PF_BN, b2, st);
     }
 
@@ -378,10 +393,13 @@ __global__ void __launch_bounds__(128)
         const int trow = it.row0 + tok0 + tq;
         const int kend = min(it.pos0 + tok0 + tq + 1, kcap);
         const int ns = min(nsplit, (kend + split_keys - 1) / split_keys);
+        /* sliding window: the splits from the one holding the row's first key */
+        const int klo = a.window > 0 ? max(0, it.pos0 + tok0 + tq - a.window + 1) : 0;
+        const int s0 = min(klo / split_keys, ns - 1);
         float M = -INFINITY;
-        for (int s = 0; s < ns; s++) M = fmaxf(M, ml[(((size_t)s * a.T + trow) * a.Hq + h) * 2]);
+        for (int s = s0; s < ns; s++) M = fmaxf(M, ml[(((size_t)s * a.T + trow) * a.Hq + h) * 2]);
         float L = 0.0f, o = 0.0f;
-        for (int s = 0; s < ns; s++) {
+        for (int s = s0; s < ns; s++) {
             const size_t prow = ((size_t)s * a.T + trow) * a.Hq + h;
             const float w = exp2f(ml[prow * 2] - M);
             L = fmaf(w, ml[prow * 2 + 1], L);

@@ -85,6 +85,21 @@ int kc_rmsnorm(uint16_t *out, const float *x, const int32_t *rows, const float *
     return 0;
 }
 
+__global__ void add_bias_kernel(float *y, int ldy, const float *bias, int n)
+{
+    KC_PDL_WAIT(); /* before the bounds return */
+    KC_PDL_TRIGGER();
+    const int t = blockIdx.y, c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c < n) y[(size_t)t * ldy + c] += bias[c];
+}
+
+int kc_add_bias(float *y, int ldy, const float *bias, int T, int n, cudaStream_t s)
+{
+    if (T <= 0 || n <= 0) return 0;
+    KC_LAUNCH(add_bias_kernel, dim3((n + 255) / 256, T), dim3(256), 0, s, y, ldy, bias, n);
+    return 0;
+}
+
 __global__ void swiglu_kernel(bf16 *out, const float *gu, int F)
 {
     KC_PDL_WAIT(); /* before the bounds return: no thread may exit before waiting */

@@ -49,7 +49,8 @@ __global__ void gqa_qkv_kernel(kc_gqa_args a)
     const int half = a.rope_dim / 2;
     if (d < a.rope_dim) {
         const int i = d < half ? d : d - half;
-        const double ang = (double)pos * pow(a.theta, -2.0 * i / a.rope_dim);
+        const double inv = a.rope_inv_freq ? a.rope_inv_freq[i] : pow(a.theta, -2.0 * i / a.rope_dim);
+        const double ang = (double)pos * inv; /* in double, as rope_freq */
         const float c = (float)cos(ang), s = (float)sin(ang);
         x = d < half ? xs[d] * c - xs[d + half] * s : xs[d] * c + xs[d - half] * s;
     }
@@ -224,7 +225,10 @@ __global__ void __launch_bounds__(ATTN_THREADS, G >= 8 ? 2 : 3) gqa_attn_kernel(
     const int t = blockIdx.x, kvh = blockIdx.y, sp = blockIdx.z;
     const int slot = a.tok_slot[t];
     if (slot < 0) return;
-    const int n_ctx = a.tok_pos[t] + 1, start = sp * split;
+    /* keys [lo, n_ctx): the causal range, its last `window` with a sliding
+     * window; split sp starts at lo + sp * split */
+    const int n_ctx = a.tok_pos[t] + 1, lo = a.window > 0 && n_ctx > a.window ? n_ctx - a.window : 0;
+    const int start = lo + sp * split;
     if (start >= n_ctx) return; /* the combine reads only splits with start < n_ctx */
     const int nk = min(split, n_ctx - start);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, sub = lane % LPK, kq = lane / LPK;
@@ -321,7 +325,8 @@ __global__ void gqa_combine_kernel(kc_gqa_args a, const float *opart, const floa
     KC_PDL_TRIGGER();
     const int t = blockIdx.x, h = blockIdx.y, d = threadIdx.x, hd = a.hd;
     if (a.tok_slot[t] < 0 || d >= hd) return;
-    const int ns = (a.tok_pos[t] + 1 + split - 1) / split;
+    const int n_ctx = a.tok_pos[t] + 1, lo = a.window > 0 && n_ctx > a.window ? n_ctx - a.window : 0;
+    const int ns = (n_ctx - lo + split - 1) / split; /* the splits gqa_attn_kernel wrote */
     const float *mlp = ml + ((size_t)t * a.Hq + h) * nsplit_max * 2;
     float M = -INFINITY;
     for (int s = 0; s < ns; s++) M = fmaxf(M, mlp[2 * s]);

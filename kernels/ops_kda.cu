@@ -34,8 +34,10 @@ __global__ void __launch_bounds__(256, 2) kda_step_kernel(kc_kda_args a)
     const int slot = a.item_slot[item];
     if (slot < 0) return;
     const int row0 = a.item_row0[item], nt = a.item_ntok[item];
-    const int H = a.H, V = a.V, R = a.R, P = a.taps - 1;
-    const int HK = H * K, HV = H * V, C = 2 * HK + HV;
+    const bool pre = a.preconv; /* q|k|v already activated, no tail (kc_kda_conv ran) */
+    const int H = a.H, V = a.V, R = a.R, P = pre ? 0 : a.taps - 1;
+    const int grp = a.group > 1 ? a.group : 1, hq = h / grp; /* GVA: the q/k head of this value head */
+    const int QK = H / grp * K, HK = H * K, HV = H * V, C = 2 * QK + HV;
     __shared__ float q_s[K], k_s[K], eg_s[K], G_s[KDA_MAX_V], f0_s[KDA_MAX_R], g0_s[KDA_MAX_R], red[32];
 
     float *Sg = a.state + (size_t)slot * a.slot_stride + (size_t)h * K * V;
@@ -43,7 +45,8 @@ __global__ void __launch_bounds__(256, 2) kda_step_kernel(kc_kda_args a)
     const int sc = j / SP, d0 = (j % SP) * KP; /* state column and first row of this thread */
     const bool scol = sc < V;
     const bool kch = j < K, vch = j < V;
-    const int cq = h * K + j, ck = HK + h * K + j, cv = 2 * HK + h * V + j;
+    const int cq = hq * K + j, ck = QK + hq * K + j, cv = 2 * QK + h * V + j;
+    const int cg = h * K + j; /* gate column: per value head */
 
     float S[KP];
     if (scol) {
@@ -52,7 +55,8 @@ __global__ void __launch_bounds__(256, 2) kda_step_kernel(kc_kda_args a)
     }
     /* Conv window right-aligned in 4 registers: t[0..2] = previous raw
      * inputs (t[2] newest), w[3] the current token's tap. Taps < 4 leave
-     * leading zero weights, which add exact zeros (same sum as the reference). */
+     * leading zero weights, which add exact zeros (same sum as the reference).
+     * preconv: the identity tap alone (w[3] = 1, exact) and no SiLU. */
     float tq[3] = {0, 0, 0}, tk[3] = {0, 0, 0}, tv[3] = {0, 0, 0};
     float wq[4] = {0, 0, 0, 0}, wk[4] = {0, 0, 0, 0}, wv[4] = {0, 0, 0, 0};
     const int sh = 3 - P;
@@ -61,20 +65,21 @@ __global__ void __launch_bounds__(256, 2) kda_step_kernel(kc_kda_args a)
         if (i >= sh) {
             const int m = i - sh; /* memory tap / tail row */
             if (kch) {
-                wq[i] = a.convw[(size_t)cq * a.taps + m];
-                wk[i] = a.convw[(size_t)ck * a.taps + m];
+                wq[i] = pre ? 1.0f : a.convw[(size_t)cq * a.taps + m];
+                wk[i] = pre ? 1.0f : a.convw[(size_t)ck * a.taps + m];
                 if (i < 3) {
                     tq[i] = tail[(size_t)m * C + cq];
                     tk[i] = tail[(size_t)m * C + ck];
                 }
             }
             if (vch) {
-                wv[i] = a.convw[(size_t)cv * a.taps + m];
+                wv[i] = pre ? 1.0f : a.convw[(size_t)cv * a.taps + m];
                 if (i < 3) tv[i] = tail[(size_t)m * C + cv];
             }
         }
     }
-    const float a_h = -expf(a.A_log[h]);
+    const float a_pos = expf(a.A_log[h]), a_h = -a_pos, lb = a.lower_bound;
+    const float bscale = a.neg_eigval ? 2.0f : 1.0f;
     const float qscale = 1.0f / sqrtf((float)K);
 
     for (int i = 0; i < nt; i++) {
@@ -85,15 +90,15 @@ __global__ void __launch_bounds__(256, 2) kda_step_kernel(kc_kda_args a)
             const float xq = pr[cq], xk = pr[ck];
             const float sq = ((wq[0] * tq[0] + wq[1] * tq[1]) + wq[2] * tq[2]) + wq[3] * xq;
             const float sk = ((wk[0] * tk[0] + wk[1] * tk[1]) + wk[2] * tk[2]) + wk[3] * xk;
-            qv = siluf_(sq);
-            kv = siluf_(sk);
+            qv = pre ? sq : siluf_(sq);
+            kv = pre ? sk : siluf_(sk);
             tq[0] = tq[1]; tq[1] = tq[2]; tq[2] = xq;
             tk[0] = tk[1]; tk[1] = tk[2]; tk[2] = xk;
         }
         if (vch) {
             const float xv = pr[cv];
             const float sv = ((wv[0] * tv[0] + wv[1] * tv[1]) + wv[2] * tv[2]) + wv[3] * xv;
-            vv = siluf_(sv);
+            vv = pre ? sv : siluf_(sv);
             tv[0] = tv[1]; tv[1] = tv[2]; tv[2] = xv;
         }
         if (!a.lowrank)
@@ -101,7 +106,7 @@ __global__ void __launch_bounds__(256, 2) kda_step_kernel(kc_kda_args a)
                 f0_s[r] = pr[a.off_f0 + r];
                 g0_s[r] = pr[a.off_g0 + r];
             }
-        const float beta = sigmoidf_(pr[a.off_beta + h]);
+        const float beta = bscale * sigmoidf_(pr[a.off_beta + h]);
         const float ssq = block_sum(qv * qv, red);
         const float ssk = block_sum(kv * kv, red); /* its barriers also publish f0_s/g0_s */
         if (kch) {
@@ -109,10 +114,11 @@ __global__ void __launch_bounds__(256, 2) kda_step_kernel(kc_kda_args a)
             k_s[j] = kv * (1.0f / sqrtf(ssk + 1e-6f));
             float g = 0.0f;
             if (a.lowrank)
-                g = a.lowrank[row * (HK + HV) + cq];
+                g = a.lowrank[row * (HK + HV) + cg];
             else
-                for (int r = 0; r < R; r++) g += bf2f(((const bf16 *)a.f1t)[(size_t)r * HK + cq]) * f0_s[r];
-            eg_s[j] = expf(a_h * softplusf_(g + a.dt_bias[cq]));
+                for (int r = 0; r < R; r++) g += bf2f(((const bf16 *)a.f1t)[(size_t)r * HK + cg]) * f0_s[r];
+            const float gx = g + a.dt_bias[cg];
+            eg_s[j] = expf(lb < 0.0f ? lb * sigmoidf_(a_pos * gx) : a_h * softplusf_(gx));
         }
         if (vch) {
             float G = 0.0f;
@@ -216,8 +222,10 @@ __global__ void __launch_bounds__(256, MINB) kda_step_tile_kernel(kc_kda_args a)
     KC_PDL_WAIT();
     KC_PDL_TRIGGER();
     cg::cluster_group cl = cg::this_cluster();
-    const int H = a.H, V = a.V, P = a.taps - 1, NT = V / KT_COLS;
-    const int HK = H * K, HV = H * V, C = 2 * HK + HV, LR = HK + HV;
+    const bool pre = a.preconv; /* q|k|v already activated, no tail (kc_kda_conv ran) */
+    const int H = a.H, V = a.V, P = pre ? 0 : a.taps - 1, NT = V / KT_COLS;
+    const int grp = a.group > 1 ? a.group : 1;
+    const int QK = H / grp * K, HK = H * K, HV = H * V, C = 2 * QK + HV, LR = HK + HV;
     const int ct = blockIdx.x % NT, cid = blockIdx.x / NT, ncl = gridDim.x / NT;
     const int nwork = a.n_items * H;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, cgp = lane & 7, rsub = lane >> 3;
@@ -250,23 +258,26 @@ __global__ void __launch_bounds__(256, MINB) kda_step_tile_kernel(kc_kda_args a)
             float *tail = a.state + (size_t)slot * a.slot_stride + (size_t)H * K * V; /* [P, C] */
             /* channel roles: tid < K: q/k channel tid (conv taps/tail in w1/t1 = q,
              * w2/t2 = k); 128 <= tid < 160: v channel vt of this tile (w1/t1) */
-            const int c1 = kch ? h * K + tid : 2 * HK + h * V + ct * KT_COLS + vt, c2 = HK + h * K + tid;
+            const int hq = h / grp; /* GVA: the q/k head of this value head */
+            const int c1 = kch ? hq * K + tid : 2 * QK + h * V + ct * KT_COLS + vt, c2 = QK + hq * K + tid;
+            const int cg = h * K + tid; /* gate column (kch): per value head */
             float t1[3] = {0, 0, 0}, t2[3] = {0, 0, 0}, w1[4] = {0, 0, 0, 0}, w2[4] = {0, 0, 0, 0};
             const int sh = 3 - P;
 #pragma unroll
             for (int i = 0; i < 4; i++) {
                 if (i >= sh && (kch || vch)) {
                     const int m = i - sh;
-                    w1[i] = a.convw[(size_t)c1 * a.taps + m];
+                    w1[i] = pre ? 1.0f : a.convw[(size_t)c1 * a.taps + m];
                     if (i < 3) t1[i] = tail[(size_t)m * C + c1];
                     if (kch) {
-                        w2[i] = a.convw[(size_t)c2 * a.taps + m];
+                        w2[i] = pre ? 1.0f : a.convw[(size_t)c2 * a.taps + m];
                         if (i < 3) t2[i] = tail[(size_t)m * C + c2];
                     }
                 }
             }
-            const float a_h = -expf(a.A_log[h]);
-            const float dtb = kch ? a.dt_bias[c1] : 0.0f;
+            const float a_pos = expf(a.A_log[h]), a_h = -a_pos, lb = a.lower_bound;
+            const float bscale = a.neg_eigval ? 2.0f : 1.0f;
+            const float dtb = kch ? a.dt_bias[cg] : 0.0f;
             const float gb = vch && a.g_bias ? a.g_bias[h * V + ct * KT_COLS + vt] : 0.0f;
 
             for (int i = 0; i < nt; i++, tc++) {
@@ -282,15 +293,16 @@ __global__ void __launch_bounds__(256, MINB) kda_step_tile_kernel(kc_kda_args a)
                         const float x2 = pr[c2];
                         const float s2 = ((w2[0] * t2[0] + w2[1] * t2[1]) + w2[2] * t2[2]) + w2[3] * x2;
                         t2[0] = t2[1]; t2[1] = t2[2]; t2[2] = x2;
-                        qv = siluf_(s1);
-                        kv = siluf_(s2);
-                        eg_s[tid] = expf(a_h * softplusf_(lr[c1] + dtb));
+                        qv = pre ? s1 : siluf_(s1);
+                        kv = pre ? s2 : siluf_(s2);
+                        const float gx = lr[cg] + dtb;
+                        eg_s[tid] = expf(lb < 0.0f ? lb * sigmoidf_(a_pos * gx) : a_h * softplusf_(gx));
                     } else {
-                        v_s[vt] = siluf_(s1);
+                        v_s[vt] = pre ? s1 : siluf_(s1);
                         G_s[vt] = lr[HK + h * V + ct * KT_COLS + vt] + gb;
                     }
                 }
-                const float beta = sigmoidf_(pr[a.off_beta + h]);
+                const float beta = bscale * sigmoidf_(pr[a.off_beta + h]);
                 /* ||q||^2 and ||k||^2 in one block reduction */
                 const float sq2 = warp_sum(qv * qv), sk2 = warp_sum(kv * kv);
                 if (lane == 0) red2[warp][0] = sq2, red2[warp][1] = sk2;
@@ -443,10 +455,80 @@ __global__ void __launch_bounds__(256) kda_lowrank_kernel(kc_kda_args a, int T, 
     }
 }
 
+/* ---- the short conv as its own pass (kc_kda_conv) ----
+ * grid (n_items, ceil(C / 128)), 128 threads: thread = one q|k|v channel of
+ * one item, its taps and tail in registers, walking the item's tokens in
+ * order and overwriting each raw input with its activation once the input
+ * has entered the window. Same sum order as short_conv_bias_f32 (oldest tap
+ * first, the bias added before the SiLU). */
+__global__ void __launch_bounds__(128) kda_conv_kernel(kc_kda_args a)
+{
+    KC_PDL_WAIT();
+    KC_PDL_TRIGGER();
+    const int item = blockIdx.x, slot = a.item_slot[item];
+    if (slot < 0) return;
+    const int grp = a.group > 1 ? a.group : 1;
+    const int C = 2 * (a.H / grp) * a.K + a.H * a.V;
+    const int c = blockIdx.y * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    const int row0 = a.item_row0[item], nt = a.item_ntok[item];
+    /* in place: the one writer of proj among the KDA kernels (cuda_ops.h kc_kda_conv) */
+    float *x = const_cast<float *>(a.proj) + (size_t)row0 * a.ldp + c;
+    if (!a.convw) { /* fla use_short_conv false: q, k, v = SiLU(projection) */
+        for (int i = 0; i < nt; i++) x[(size_t)i * a.ldp] = siluf_(x[(size_t)i * a.ldp]);
+        return;
+    }
+    const int taps = a.taps, P = taps - 1, sh = 3 - P;
+    float *tail = a.state + (size_t)slot * a.slot_stride + (size_t)a.H * a.K * a.V; /* [P, C], oldest first */
+    /* right-aligned in registers (static indices only): t[0..2] the previous
+     * raw inputs (t[2] newest), w[3] the current token's tap; the leading
+     * zero taps of taps < 4 add exact zeros */
+    float w[4] = {0, 0, 0, 0}, t[3] = {0, 0, 0};
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        if (i >= sh) {
+            w[i] = a.convw[(size_t)c * taps + (i - sh)];
+            if (i < 3) t[i] = tail[(size_t)(i - sh) * C + c];
+        }
+    const float b = a.conv_bias ? a.conv_bias[c] : 0.0f;
+    for (int i = 0; i < nt; i++) {
+        const float xi = x[(size_t)i * a.ldp];
+        float sum = 0.0f;
+        sum += w[0] * t[0];
+        sum += w[1] * t[1];
+        sum += w[2] * t[2];
+        sum += w[3] * xi;
+        t[0] = t[1], t[1] = t[2], t[2] = xi;
+        x[(size_t)i * a.ldp] = siluf_(sum + b);
+    }
+#pragma unroll
+    for (int i = 0; i < 3; i++)
+        if (i >= sh) tail[(size_t)(i - sh) * C + c] = t[i];
+}
+
+int kc_kda_conv(const kc_kda_args *a, cudaStream_t s)
+{
+    if (a->n_items <= 0) return 0;
+    const int group = a->group > 1 ? a->group : 1;
+    if (a->H % group || (a->convw && (a->taps < 1 || a->taps > 4))) return -5;
+    const int C = 2 * (a->H / group) * a->K + a->H * a->V;
+    const cudaError_t e = kc_launch(kda_conv_kernel, dim3(a->n_items, (C + 127) / 128), dim3(128), 0, s, *a);
+    if (e != cudaSuccess) {
+        fprintf(stderr, "%s:%d: kda conv launch failed: %s\n", __FILE__, __LINE__, cudaGetErrorString(e));
+        return -7;
+    }
+    return 0;
+}
+
 int kc_kda_step(const kc_kda_args *a, cudaStream_t s)
 {
     if (a->n_items <= 0) return 0;
     if (a->V > KDA_MAX_V || a->R > KDA_MAX_R || a->taps < 1 || a->taps > 4) return -5;
+    const int group = a->group > 1 ? a->group : 1;
+    if (a->H % group) return -5;
+    /* the value heads of a group would race on their shared q/k conv tail, and
+     * without a conv there is no tail: kc_kda_conv first */
+    if ((group > 1 || !a->convw) && !a->preconv) return -5;
     const int sp = a->K >= 128 ? 2 : 1;
     int threads = a->V * sp > a->K ? a->V * sp : a->K;
     threads = (threads + 31) / 32 * 32;

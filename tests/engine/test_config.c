@@ -335,45 +335,58 @@ static void test_mercity_llama_kda_keys_and_layout_order(void **st)
                  "{\"rope_type\":\"default\"}}", KDA_EFORMAT, "both");
 }
 
-/* The CUDA backend refuses, by name, every option its kernels lack. */
+/* The CUDA backend computes every fla / llama option but attention residuals,
+ * which it refuses by name; the KDA options its chunked prompt kernel lacks
+ * are named by cuda_kda_chunk_lacks (those models' prompts take the per-token
+ * kernel), and no other option is. */
 static void test_cuda_check_names_each_option_it_lacks(void **st)
 {
     (void)st;
-    static const struct { const char *extra, *needle; } cases[] = {
+    static const struct { const char *extra, *chunk_needle; } cases[] = {
         {",\"num_v_heads\":4", "num_v_heads"},
         {",\"lower_bound\":-5", "lower_bound"},
+        {",\"safe_gate\":true,\"lower_bound\":-5", "lower_bound"},
         {",\"allow_neg_eigval\":true", "allow_neg_eigval"},
         {",\"use_short_conv\":false", "use_short_conv"},
         {",\"conv_bias\":true", "conv_bias"},
-        {",\"attnres_block_size\":2", "attnres_block_size"},
-        {",\"attn\":{\"layers\":[3],\"num_heads\":4,\"window_size\":8}", "window_size"},
-        {",\"attn\":{\"layers\":[3],\"num_heads\":4,\"qkv_bias\":true}", "qkv_bias"},
+        {",\"attn\":{\"layers\":[3],\"num_heads\":4,\"window_size\":8}", NULL},
+        {",\"attn\":{\"layers\":[3],\"num_heads\":4,\"qkv_bias\":true}", NULL},
     };
     model_config c;
     char err[512], json[1024];
     assert_int_equal(config_parse(&c, "{" KDA_BASE "," ATTN "}", err, sizeof err), 0);
     assert_int_equal(cuda_config_check(&c, err, sizeof err), 0);
+    assert_null(cuda_kda_chunk_lacks(&c));
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         snprintf(json, sizeof json, "{" KDA_BASE "%s}", cases[i].extra);
         assert_int_equal(config_parse(&c, json, err, sizeof err), 0);
         err[0] = 0;
-        if (cuda_config_check(&c, err, sizeof err) != KDA_EUNSUP || !strstr(err, cases[i].needle))
-            fail_msg("%s: \"%s\"", cases[i].extra, err);
+        if (cuda_config_check(&c, err, sizeof err) != 0) fail_msg("%s: refused: \"%s\"", cases[i].extra, err);
+        const char *lack = cuda_kda_chunk_lacks(&c);
+        if (cases[i].chunk_needle ? !lack || !strstr(lack, cases[i].chunk_needle) : lack != NULL)
+            fail_msg("%s: chunk kernel lacks \"%s\"", cases[i].extra, lack ? lack : "(nothing)");
     }
-    static const struct { const char *extra, *needle; } llama[] = {
-        {",\"rope_parameters\":{\"rope_type\":\"linear\",\"factor\":2}", "RoPE scaling"},
-        {",\"mlp_bias\":true", "mlp_bias"},
-        {",\"attention_bias\":true", "attention_bias"},
-        {",\"qk_norm\":true,\"qk_norm_eps\":1e-3", "qk_norm_eps"},
-        {",\"kda_full_attn_every\":2", NULL},  /* supported: plain layout */
+    snprintf(json, sizeof json, "{" KDA_BASE ",\"attnres_block_size\":2}");
+    assert_int_equal(config_parse(&c, json, err, sizeof err), 0);
+    err[0] = 0;
+    assert_int_equal(cuda_config_check(&c, err, sizeof err), KDA_EUNSUP);
+    assert_non_null(strstr(err, "attnres_block_size"));
+    static const char *const llama[] = {
+        ",\"rope_parameters\":{\"rope_type\":\"linear\",\"factor\":2}",
+        ",\"rope_scaling\":{\"rope_type\":\"llama3\",\"factor\":8,\"low_freq_factor\":1,"
+        "\"high_freq_factor\":4,\"original_max_position_embeddings\":64}",
+        ",\"mlp_bias\":true",
+        ",\"attention_bias\":true",
+        ",\"qk_norm\":true,\"qk_norm_eps\":1e-3",
+        "",
     };
     for (size_t i = 0; i < sizeof llama / sizeof llama[0]; i++) {
-        snprintf(json, sizeof json, "{" LLAMA_BASE ",\"kda_full_attn_every\":2%s}", llama[i].extra);
+        snprintf(json, sizeof json, "{" LLAMA_BASE ",\"kda_full_attn_every\":2%s}", llama[i]);
         assert_int_equal(config_parse(&c, json, err, sizeof err), 0);
         err[0] = 0;
         int rc = cuda_config_check(&c, err, sizeof err);
-        if (llama[i].needle ? rc != KDA_EUNSUP || !strstr(err, llama[i].needle) : rc != 0)
-            fail_msg("%s: rc %d \"%s\"", llama[i].extra, rc, err);
+        if (rc != 0) fail_msg("%s: rc %d \"%s\"", llama[i], rc, err);
+        if (cuda_kda_chunk_lacks(&c)) fail_msg("%s: chunk kernel lacks \"%s\"", llama[i], cuda_kda_chunk_lacks(&c));
     }
 }
 

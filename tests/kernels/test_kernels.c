@@ -167,9 +167,24 @@ static void test_embed_gathers_rows_and_zeroes_padding(void **st)
 /* 0: block per head; 1: tiled clusters walking several items; 2: tiled at 3 blocks/SM */
 static int kda_variant;
 
-static void run_kda_case(int H, int K, int taps, const int *ntok, const int *slots, int n_items, int lowrank)
+/* The fla options of the KDA kernels (cuda_ops.h kc_kda_args): grouped value
+ * heads, the lower-bound gate, beta x 2, conv biases, no short conv. The last
+ * three and GVA run kc_kda_conv first and the step with preconv, as the
+ * backend does. */
+typedef struct {
+    int group;         /* value heads per q/k head (H = value heads); 0/1 none */
+    float lower_bound; /* < 0: fla's lower-bound gate */
+    int neg_eigval, conv_bias, no_conv;
+} kda_opts;
+static const kda_opts kda_plain;
+
+static void run_kda_case_opt(int H, int K, int taps, const int *ntok, const int *slots, int n_items, int lowrank,
+                             const kda_opts *op)
 {
-    const int V = K, R = V, HK = H * K, HV = H * V, C = 2 * HK + HV, P = taps - 1;
+    const int grp = op->group > 1 ? op->group : 1, Hqk = H / grp, QK = Hqk * K;
+    const int V = K, R = V, HK = H * K, HV = H * V, C = 2 * QK + HV, P = op->no_conv ? 0 : taps - 1;
+    const int preconv = grp > 1 || op->conv_bias || op->no_conv;
+    const float bscale = op->neg_eigval ? 2.0f : 1.0f;
     const int off_f0 = C, off_g0 = C + R, off_beta = C + 2 * R, ldp = C + 2 * R + H + 3; /* odd stride */
     int T = 0, row0[16];
     for (int i = 0; i < n_items; i++) row0[i] = T, T += ntok[i];
@@ -181,6 +196,8 @@ static void run_kda_case(int H, int K, int taps, const int *ntok, const int *slo
     float *proj = malloc((size_t)T * ldp * 4);
     kt_fill(proj, (size_t)T * ldp, 1.0f);
     float *convw = malloc((size_t)C * taps * 4), *f1 = malloc((size_t)HK * R * 4), *g1 = malloc((size_t)HV * R * 4);
+    float *convb = malloc((size_t)C * 4);
+    kt_fill(convb, C, 0.5f);
     float *gb = malloc((size_t)HV * 4), *A_log = malloc((size_t)H * 4), *dtb = malloc((size_t)HK * 4), *onorm = malloc((size_t)V * 4);
     kt_fill(convw, (size_t)C * taps, 0.5f);
     kt_fill(f1, (size_t)HK * R, 1.0f / sqrtf((float)R));
@@ -211,30 +228,39 @@ static void run_kda_case(int H, int K, int taps, const int *ntok, const int *slo
         float *x = malloc((size_t)nt * C * 4), *y = malloc((size_t)nt * C * 4), *tl = malloc((size_t)(P + 1) * C * 4);
         for (int t = 0; t < nt; t++) memcpy(x + (size_t)t * C, proj + (size_t)(row0[i] + t) * ldp, (size_t)C * 4);
         memcpy(tl, tail, (size_t)P * C * 4);
-        short_conv_f32(y, x, nt, C, convw, taps, tl); /* all channels at once: same math per channel */
+        if (op->no_conv) /* fla use_short_conv false */
+            for (size_t e = 0; e < (size_t)nt * C; e++) y[e] = silu_f32(x[e]);
+        else /* all channels at once: same math per channel */
+            short_conv_bias_f32(y, x, nt, C, convw, op->conv_bias ? convb : NULL, taps, tl);
         memcpy(tail, tl, (size_t)P * C * 4);
         for (int t = 0; t < nt; t++) {
             const float *pr = proj + (size_t)(row0[i] + t) * ldp;
-            float *q = y + (size_t)t * C, *k = q + HK, *v = k + HK;
+            float *q = y + (size_t)t * C, *k = q + QK, *v = k + QK;
             float graw[1024], gk[1024], G[1024];
             for (int c = 0; c < HK; c++) {
                 double s = 0;
                 for (int r = 0; r < R; r++) s += (double)f1[(size_t)c * R + r] * pr[off_f0 + r];
                 graw[c] = (float)s;
             }
-            kda_gate_f32(gk, graw, A_log, dtb, H, K);
+            if (op->lower_bound < 0)
+                kda_gate_lb_f32(gk, graw, A_log, dtb, H, K, op->lower_bound);
+            else
+                kda_gate_f32(gk, graw, A_log, dtb, H, K);
             for (int c = 0; c < HV; c++) {
                 double s = 0;
                 for (int r = 0; r < R; r++) s += (double)g1[(size_t)c * R + r] * pr[off_g0 + r];
                 G[c] = (float)s + gb[c];
             }
-            for (int h = 0; h < H; h++) {
+            for (int h = 0; h < Hqk; h++) {
                 l2norm_f32(q + h * K, K);
                 for (int d = 0; d < K; d++) q[h * K + d] *= 1.0f / sqrtf((float)K);
                 l2norm_f32(k + h * K, K);
+            }
+            for (int h = 0; h < H; h++) {
+                const int hq = h / grp; /* GVA: value head h reads q/k head h / group */
                 float o[128];
-                kda_step_f32(S + (size_t)h * K * V, q + h * K, k + h * K, v + h * V, gk + h * K,
-                             sigmoid_f32(pr[off_beta + h]), o, K, V);
+                kda_step_f32(S + (size_t)h * K * V, q + hq * K, k + hq * K, v + h * V, gk + h * K,
+                             bscale * sigmoid_f32(pr[off_beta + h]), o, K, V);
                 rmsnorm_f32(o, o, onorm, V, 1e-6f);
                 for (int j = 0; j < V; j++) ref_y[(size_t)(row0[i] + t) * HV + h * V + j] = o[j] * sigmoid_f32(G[h * V + j]);
             }
@@ -261,6 +287,10 @@ static void run_kda_case(int H, int K, int taps, const int *ntok, const int *slo
     a.onorm = kt_dev(onorm, (size_t)V * 4);
     a.eps = 1e-6f;
     a.H = H, a.K = K, a.V = V, a.R = R, a.taps = taps;
+    a.group = grp;
+    a.lower_bound = op->lower_bound;
+    a.neg_eigval = op->neg_eigval;
+    if (op->conv_bias) a.conv_bias = kt_dev(convb, (size_t)C * 4);
     a.y = kt_dev_poison((size_t)T * HV * 2);
     a.ldy = HV;
     if (lowrank) { /* F1/G1 by the separate kernel into a poisoned scratch */
@@ -270,7 +300,17 @@ static void run_kda_case(int H, int K, int taps, const int *ntok, const int *slo
     a.tiled = kda_variant > 0;
     a.tile_clusters = kda_variant == 1 ? 3 : 0; /* each cluster walks several (item, head) */
     a.tile_occ = kda_variant == 2 ? 3 : 2;
-    assert_int_equal(kc_kda_step(&a, 0), 0);
+    if (preconv) {
+        if (grp > 1) assert_int_equal(kc_kda_step(&a, 0), -5); /* the shared q/k tail: refused without the conv pass */
+        const float *cw = a.convw;
+        if (op->no_conv) a.convw = NULL;
+        assert_int_equal(kc_kda_conv(&a, 0), 0);
+        a.preconv = 1;
+        assert_int_equal(kc_kda_step(&a, 0), 0);
+        a.convw = cw;
+    } else {
+        assert_int_equal(kc_kda_step(&a, 0), 0);
+    }
     float *gy = kt_get_bf16(a.y, (size_t)T * HV), *gs = malloc(slot_stride * n_slots * 4);
     kt_get(gs, a.state, slot_stride * n_slots * 4);
     /* rows of padding items stay poisoned (never written); compare real rows */
@@ -280,7 +320,8 @@ static void run_kda_case(int H, int K, int taps, const int *ntok, const int *slo
             continue;
         }
         double e = kt_rel(gy + (size_t)row0[i] * HV, ref_y + (size_t)row0[i] * HV, (size_t)ntok[i] * HV);
-        printf("kda H=%d K=%d lowrank=%d item %d (%d tokens) out rel %.2e\n", H, K, lowrank, i, ntok[i], e);
+        printf("kda H=%d K=%d lowrank=%d group=%d lb=%g neg=%d convb=%d noconv=%d item %d (%d tokens) out rel %.2e\n",
+               H, K, lowrank, grp, op->lower_bound, op->neg_eigval, op->conv_bias, op->no_conv, i, ntok[i], e);
         assert_true(e < 1e-2);
     }
     for (int s = 0; s < n_slots; s++) {
@@ -290,12 +331,19 @@ static void run_kda_case(int H, int K, int taps, const int *ntok, const int *slo
         /* the padding beyond the layer must be untouched (bitwise) */
         assert_memory_equal(gs + s * slot_stride + layer_floats, state + s * slot_stride + layer_floats, 5 * 4);
     }
+    free(convb);
+    if (a.conv_bias) cudaFree((void *)a.conv_bias);
     free(proj), free(convw), free(f1), free(g1), free(gb), free(A_log), free(dtb), free(onorm), free(state);
     free(f1t), free(g1t), free(ref_state), free(ref_y), free(gy), free(gs);
     cudaFree((void *)a.proj), cudaFree((void *)a.item_row0), cudaFree((void *)a.item_ntok), cudaFree((void *)a.item_slot);
     cudaFree(a.state), cudaFree((void *)a.convw), cudaFree((void *)a.f1t), cudaFree((void *)a.g1t);
     cudaFree((void *)a.g_bias), cudaFree((void *)a.A_log), cudaFree((void *)a.dt_bias), cudaFree((void *)a.onorm), cudaFree(a.y);
     if (a.lowrank) cudaFree(a.lowrank);
+}
+
+static void run_kda_case(int H, int K, int taps, const int *ntok, const int *slots, int n_items, int lowrank)
+{
+    run_kda_case_opt(H, K, taps, ntok, slots, n_items, lowrank, &kda_plain);
 }
 
 static void test_kda_step_matches_reference(void **st)
@@ -317,9 +365,37 @@ static void test_kda_step_matches_reference(void **st)
     kda_variant = 0;
 }
 
+/* The fla options on both step kernels (block per head: K 16 / 32; tiled:
+ * K 64 / 128, V % 32 == 0), with and without the low-rank scratch. */
+static void test_kda_step_options_match_reference(void **st)
+{
+    (void)st;
+    const kda_opts lb = {.lower_bound = -5.0f}, neg = {.neg_eigval = 1}, cb = {.conv_bias = 1};
+    const kda_opts nc = {.no_conv = 1}, gva2 = {.group = 2}, gva4 = {.group = 4, .conv_bias = 1};
+    const kda_opts all = {.group = 2, .lower_bound = -3.0f, .neg_eigval = 1, .conv_bias = 1};
+    for (int variant = 0; variant < 3; variant++) {
+        kda_variant = variant;
+        printf("kda step options, kernel variant %d\n", variant);
+        for (int lr = 0; lr < 2; lr++) {
+            { const int nt[] = {1, 3, 17, 2}, sl[] = {2, -1, 0, 3}; run_kda_case_opt(2, 16, 4, nt, sl, 4, lr, &lb); }
+            { const int nt[] = {1, 1, 9}, sl[] = {1, 3, 0}; run_kda_case_opt(3, 64, 4, nt, sl, 3, lr, &lb); }
+            { const int nt[] = {1, 5, 1, 30}, sl[] = {0, 1, -1, 3}; run_kda_case_opt(2, 128, 4, nt, sl, 4, lr, &neg); }
+            { const int nt[] = {2, 1, 11}, sl[] = {1, 2, 0}; run_kda_case_opt(2, 32, 3, nt, sl, 3, lr, &cb); }
+            { const int nt[] = {1, 7}, sl[] = {1, 2}; run_kda_case_opt(2, 64, 4, nt, sl, 2, lr, &cb); }
+            { const int nt[] = {1, 6, 1}, sl[] = {3, 0, -1}; run_kda_case_opt(2, 64, 4, nt, sl, 3, lr, &nc); }
+            { const int nt[] = {1, 4, 13}, sl[] = {0, 2, 1}; run_kda_case_opt(4, 64, 4, nt, sl, 3, lr, &gva2); }
+            { const int nt[] = {3, 1, 1}, sl[] = {2, -1, 1}; run_kda_case_opt(4, 16, 4, nt, sl, 3, lr, &gva4); }
+            { const int nt[] = {1, 9}, sl[] = {3, 0}; run_kda_case_opt(4, 32, 2, nt, sl, 2, lr, &all); }
+        }
+    }
+    kda_variant = 0;
+}
+
 /* ---- GQA: qkv (norm + RoPE + append) and attention over a paged cache ---- */
-static void run_gqa_case(int Hq, int Hkv, int hd, int rope_dim, int gate, const int *pos0, const int *ntok, int n_seq,
-                         int split)
+/* window: sliding window (0 = all); scaled_rope: RoPE frequencies from a
+ * table (rope_inv_freq) that is not theta's schedule; eps: the q/k norm eps */
+static void run_gqa_case_opt(int Hq, int Hkv, int hd, int rope_dim, int gate, const int *pos0, const int *ntok,
+                             int n_seq, int split, int window, int scaled_rope, float eps)
 {
     const int blk = 16, max_blocks = 64, n_blocks = 200, n_gqa = 2, layer = 1;
     const size_t layer_elems = (size_t)2 * Hkv * blk * hd, block_elems = layer_elems * n_gqa;
@@ -350,8 +426,13 @@ static void run_gqa_case(int Hq, int Hkv, int hd, int rope_dim, int gate, const 
     a.T = T;
     a.q_norm = kt_dev(qn, (size_t)hd * 4);
     a.k_norm = kt_dev(kn, (size_t)hd * 4);
-    a.eps = 1e-6f;
+    a.eps = eps;
     a.Hq = Hq, a.Hkv = Hkv, a.hd = hd, a.rope_dim = rope_dim, a.theta = 10000.0;
+    a.window = window;
+    /* a per-dimension table unlike theta^(-2i/d) (linear / llama3 scaling are tables like it) */
+    double inv[64];
+    for (int i = 0; i < rope_dim / 2; i++) inv[i] = pow(10000.0, -2.0 * i / rope_dim) * (i % 3 == 0 ? 0.125 : i % 3 == 1 ? 1.0 : 0.5);
+    if (scaled_rope) a.rope_inv_freq = kt_dev(inv, sizeof inv);
     a.q = kt_dev_poison((size_t)T * QD * 4);
     a.kv = kt_dev(kv, block_elems * n_blocks * 2);
     a.block_stride = block_elems, a.layer_off = layer * layer_elems, a.blk = blk;
@@ -382,10 +463,15 @@ static void run_gqa_case(int Hq, int Hkv, int hd, int rope_dim, int gate, const 
             const float *pr = proj + (size_t)(r0 + t) * ldp;
             const int p = pos0[i] + t;
             float *qt = q + (size_t)t * QD, *kt = kc + (size_t)p * KD, *vt = vc + (size_t)p * KD;
-            for (int h = 0; h < Hq; h++) rmsnorm_f32(qt + h * hd, pr + off_q + h * hd, qn, hd, 1e-6f);
-            for (int h = 0; h < Hkv; h++) rmsnorm_f32(kt + h * hd, pr + off_k + h * hd, kn, hd, 1e-6f);
-            rope_partial(qt, Hq, hd, rope_dim, p, 10000.0);
-            rope_partial(kt, Hkv, hd, rope_dim, p, 10000.0);
+            for (int h = 0; h < Hq; h++) rmsnorm_f32(qt + h * hd, pr + off_q + h * hd, qn, hd, eps);
+            for (int h = 0; h < Hkv; h++) rmsnorm_f32(kt + h * hd, pr + off_k + h * hd, kn, hd, eps);
+            if (scaled_rope) {
+                rope_freq(qt, Hq, hd, rope_dim, p, inv);
+                rope_freq(kt, Hkv, hd, rope_dim, p, inv);
+            } else {
+                rope_partial(qt, Hq, hd, rope_dim, p, 10000.0);
+                rope_partial(kt, Hkv, hd, rope_dim, p, 10000.0);
+            }
             memcpy(vt, pr + off_v, (size_t)KD * 4);
             kt_bf16_round(kt, KD);
             kt_bf16_round(vt, KD);
@@ -399,13 +485,13 @@ static void run_gqa_case(int Hq, int Hkv, int hd, int rope_dim, int gate, const 
                     assert_true(gv == vt[h * hd + d]);
                 }
         }
-        gqa_attention_f32(o, q, kc, vc, ntok[i], pos0[i], Hq, Hkv, hd);
+        gqa_attention_window_f32(o, q, kc, vc, ntok[i], pos0[i], Hq, Hkv, hd, window);
         if (gate)
             for (int t = 0; t < ntok[i]; t++)
                 for (int c = 0; c < QD; c++) o[(size_t)t * QD + c] *= sigmoid_f32(proj[(size_t)(r0 + t) * ldp + off_g + c]);
         double e = kt_rel(got + (size_t)r0 * QD, o, (size_t)ntok[i] * QD);
-        printf("gqa Hq=%d Hkv=%d hd=%d split=%d seq %d (pos0 %d, %d tokens) rel %.2e\n", Hq, Hkv, hd, split, i, pos0[i],
-               ntok[i], e);
+        printf("gqa Hq=%d Hkv=%d hd=%d split=%d window=%d rope table %d eps %g seq %d (pos0 %d, %d tokens) rel %.2e\n",
+               Hq, Hkv, hd, split, window, scaled_rope, eps, i, pos0[i], ntok[i], e);
         assert_true(e < 1e-2);
         free(kc), free(vc), free(q), free(o);
     }
@@ -413,6 +499,13 @@ static void run_gqa_case(int Hq, int Hkv, int hd, int rope_dim, int gate, const 
     cudaFree((void *)a.proj), cudaFree((void *)a.tok_pos), cudaFree((void *)a.tok_slot), cudaFree((void *)a.q_norm);
     cudaFree((void *)a.k_norm), cudaFree(a.q), cudaFree(a.kv), cudaFree((void *)a.block_table);
     cudaFree(opart), cudaFree(ml), cudaFree(dout);
+    if (a.rope_inv_freq) cudaFree((void *)a.rope_inv_freq);
+}
+
+static void run_gqa_case(int Hq, int Hkv, int hd, int rope_dim, int gate, const int *pos0, const int *ntok, int n_seq,
+                         int split)
+{
+    run_gqa_case_opt(Hq, Hkv, hd, rope_dim, gate, pos0, ntok, n_seq, split, 0, 0, 1e-6f);
 }
 
 static void test_gqa_attention_matches_reference(void **st)
@@ -422,6 +515,36 @@ static void test_gqa_attention_matches_reference(void **st)
     { const int p0[] = {700, 0, 1, 31}, nt[] = {1, 1, 1, 2}; run_gqa_case(16, 4, 128, 32, 1, p0, nt, 4, 256); }
     { const int p0[] = {700, 300}, nt[] = {1, 3}; run_gqa_case(16, 4, 128, 32, 0, p0, nt, 2, 32); }
     { const int p0[] = {100, 7}, nt[] = {1, 20}; run_gqa_case(12, 6, 64, 64, 0, p0, nt, 2, 64); }
+}
+
+/* Sliding window (keys before p - W + 1 masked; windows shorter and longer
+ * than a split, positions inside and past the first window), a RoPE frequency
+ * table, a q/k norm eps of its own. */
+static void test_gqa_options_match_reference(void **st)
+{
+    (void)st;
+    { const int p0[] = {0, 5, 40, 700}, nt[] = {30, 1, 1, 3}; run_gqa_case_opt(4, 2, 16, 8, 1, p0, nt, 4, 256, 24, 0, 1e-6f); }
+    { const int p0[] = {700, 0, 100}, nt[] = {1, 1, 2}; run_gqa_case_opt(16, 4, 128, 32, 1, p0, nt, 3, 32, 100, 0, 1e-6f); }
+    { const int p0[] = {300, 2}, nt[] = {4, 9}; run_gqa_case_opt(8, 8, 64, 64, 0, p0, nt, 2, 64, 1, 0, 1e-6f); }
+    { const int p0[] = {700, 300}, nt[] = {1, 3}; run_gqa_case_opt(16, 4, 128, 32, 0, p0, nt, 2, 32, 0, 1, 1e-6f); }
+    { const int p0[] = {100, 7}, nt[] = {1, 20}; run_gqa_case_opt(12, 6, 64, 64, 1, p0, nt, 2, 64, 40, 1, 1e-3f); }
+}
+
+/* kc_add_bias: exactly y + bias on the first n columns, the rest of each row untouched */
+static void test_add_bias_adds_exactly_the_bias(void **st)
+{
+    (void)st;
+    enum { T = 5, N = 300, LD = 333 };
+    float *y = malloc((size_t)T * LD * 4), *b = malloc((size_t)N * 4), *got = malloc((size_t)T * LD * 4);
+    kt_fill(y, (size_t)T * LD, 1.0f);
+    kt_fill(b, N, 1.0f);
+    float *dy = kt_dev(y, (size_t)T * LD * 4), *db = kt_dev(b, (size_t)N * 4);
+    assert_int_equal(kc_add_bias(dy, LD, db, T, N, 0), 0);
+    kt_get(got, dy, (size_t)T * LD * 4);
+    for (int t = 0; t < T; t++)
+        for (int c = 0; c < LD; c++) assert_true(got[t * LD + c] == (c < N ? y[t * LD + c] + b[c] : y[t * LD + c]));
+    free(y), free(b), free(got);
+    cudaFree(dy), cudaFree(db);
 }
 
 /* ---- sampling on the GPU = engine/sampling.c ---- */
@@ -532,7 +655,10 @@ int main(void)
         cmocka_unit_test(test_rmsnorm_matches_reference),
         cmocka_unit_test(test_gemv_and_gemm_match_reference),
         cmocka_unit_test(test_kda_step_matches_reference),
+        cmocka_unit_test(test_kda_step_options_match_reference),
         cmocka_unit_test(test_gqa_attention_matches_reference),
+        cmocka_unit_test(test_gqa_options_match_reference),
+        cmocka_unit_test(test_add_bias_adds_exactly_the_bias),
         cmocka_unit_test(test_sampler_matches_cpu_sampler),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

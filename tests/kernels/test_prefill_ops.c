@@ -196,9 +196,9 @@ static void attn_check(attn_fix *f, const char *name, int split_keys, int varian
     const int rc = kc_attn_prefill(&f->a, f->d_row0, f->d_ntok, f->d_pos0, f->d_slot, f->n_items, mc, f->d_out, f->ldo,
                                    work, wb, &tune, 0);
     const cudaError_t ce = cudaDeviceSynchronize();
-    printf("attn %s: Hq=%d Hkv=%d hd=%d gate=%d T=%d items=%d | variant %d warps %d tile %d tokens, nsplit %d "
+    printf("attn %s: Hq=%d Hkv=%d hd=%d gate=%d window=%d T=%d items=%d | variant %d warps %d tile %d tokens, nsplit %d "
            "(split %d keys), grid %dx%dx%d\n",
-           name, Hq, f->Hkv, hd, f->off_gate >= 0, f->T, f->n_items, plan.variant, plan.warps, plan.tile_tokens,
+           name, Hq, f->Hkv, hd, f->off_gate >= 0, f->a.window, f->T, f->n_items, plan.variant, plan.warps, plan.tile_tokens,
            plan.nsplit, plan.nsplit > 1 ? plan.split_keys : 0, plan.grid_x, plan.grid_y, plan.grid_z);
     if (prc || rc || ce != cudaSuccess) {
         case_fail("attn %s: plan rc %d, launch rc %d, device %s", name, prc, rc, cudaGetErrorString(ce));
@@ -241,7 +241,7 @@ static void attn_check(attn_fix *f, const char *name, int split_keys, int varian
         for (int j = 0; j < nr; j++) {
             const int t = rows[j], r = f->row0[i] + t;
             float *o = ref + (size_t)j * QD;
-            gqa_attention_f32(o, f->q + (size_t)r * QD, kc, vc, 1, p0 + t, Hq, f->Hkv, hd);
+            gqa_attention_window_f32(o, f->q + (size_t)r * QD, kc, vc, 1, p0 + t, Hq, f->Hkv, hd, f->a.window);
             if (f->off_gate >= 0)
                 for (int c = 0; c < QD; c++) o[c] *= sigmoid_f32(f->proj[(size_t)r * f->ldp + f->off_gate + c]);
             memcpy(gsel + (size_t)j * QD, got + (size_t)r * QD, (size_t)QD * 4);
@@ -318,6 +318,30 @@ static void test_attn_prefill_every_head_dim_and_group(void **st)
             snprintf(nm, sizeof nm, "hd %d group %d, split 64", hds[hi], G);
             attn_case(nm, G * Hkv, Hkv, hds[hi], (hi + gi + 1) & 1, items, 6, 64, 0, 1);
         }
+    assert_int_equal(n_fail, 0);
+}
+
+/* Sliding window (kc_gqa_args.window): keys before p - W + 1 masked, with
+ * windows shorter than a key tile, across tiles and splits, longer than the
+ * context, W = 1; chunks after long prefixes, forced and planned splits. */
+static void test_attn_prefill_sliding_window_matches_reference(void **st)
+{
+    (void)st;
+    n_fail = 0;
+    const item_spec items[] = {{100, 0, 0}, {1, 700, 1}, {17, 15, 2}, {5, 0, -1}, {130, 1000, 3}, {64, 64, 4}};
+    const int windows[] = {24, 64, 100, 1, 5000};
+    const int shapes[][3] = {{4, 2, 16}, {16, 4, 128}, {8, 8, 64}}; /* Hq, Hkv, hd */
+    for (int si = 0; si < 3; si++)
+        for (int wi = 0; wi < 5; wi++)
+            for (int split = 0; split <= 256; split += 192) { /* planned, then 64-key splits */
+                attn_fix f;
+                fix_init(&f, shapes[si][0], shapes[si][1], shapes[si][2], (si + wi) & 1, items, 6, 3, 1.0f, 2);
+                f.a.window = windows[wi];
+                char nm[96];
+                snprintf(nm, sizeof nm, "window %d, split %d", windows[wi], split ? 64 : 0);
+                attn_check(&f, nm, split ? 64 : 0, 0, 0, 1);
+                fix_free(&f);
+            }
     assert_int_equal(n_fail, 0);
 }
 
@@ -794,6 +818,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_attn_prefill_refuses_unsupported_shapes),
         cmocka_unit_test(test_attn_prefill_every_head_dim_and_group),
         cmocka_unit_test(test_attn_prefill_split_bound_is_only_a_hint),
+        cmocka_unit_test(test_attn_prefill_sliding_window_matches_reference),
         cmocka_unit_test(test_attn_prefill_chunk_lengths_at_the_1p7b_shape),
         cmocka_unit_test(test_attn_prefill_after_gqa_qkv_matches_reference),
     };
