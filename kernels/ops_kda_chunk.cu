@@ -450,29 +450,47 @@ __global__ void __launch_bounds__(KC_PREP_THREADS) kc_chunk_prep_kernel(kc_kda_c
     }
     __syncthreads();
     const float scale = part == 0 ? 1.0f / sqrtf((float)K) : 1.0f;
-    for (int e = threadIdx.x; e < n * K; e += KC_PREP_THREADS) dst[e] = x_s[e] * inv_s[e / K] * scale;
+    const int kshift = log2i(K);
+    for (int e = threadIdx.x; e < n * K; e += KC_PREP_THREADS) dst[e] = x_s[e] * inv_s[e >> kshift] * scale;
 }
 
 /* ---- intra: block per (chunk, head) ----
  * Shared memory (floats): L, Aqk, Ai [64][68]; k, q, Gam slices [64][BK+4]
- * (BK = min(K, 32) channels at a time); scratch [112][BK+4] (the two
- * factors of the off-diagonal sub-blocks, later the right-hand sides and
- * the Ai blocks' products); beta [64]. */
+ * (BK = min(K, 32) channels at a time, a template parameter: the kernel is
+ * bound by its instruction issue, so index arithmetic is shifts and loads
+ * are 16 bytes wide); scratch [112][BK+4] (the two factors of the
+ * off-diagonal sub-blocks, later the right-hand sides [64][BK+8] and the Ai
+ * blocks' products); beta [64]. Exponentials of non-positive arguments
+ * through __expf (ex2.approx: relative error ~1e-6 where the result is not
+ * negligible, far under the tf32 products it feeds; the stage-2 test of qg
+ * and kg at 1e-5 covers it). */
 static __host__ __device__ int intra_smem_floats(int K)
 {
     const int LDS = (K < 32 ? K : 32) + 4;
     return 3 * KC_CH * KC_LDA + 3 * KC_CH * LDS + 112 * LDS + KC_CH;
 }
 
-template <int MODE>
+/* the emulator runs the accurate expf: the GPU test checks the difference */
+static __device__ __forceinline__ float kc_fexp(float x)
+{
+#if defined(__CUDA_ARCH__)
+    return __expf(x);
+#else
+    return expf(x);
+#endif
+}
+
+template <int MODE, int BK>
 __global__ void __launch_bounds__(KC_THREADS) kc_chunk_intra_kernel(kc_kda_chunk_args a, ChunkWs w)
 {
     KC_PDL_WAIT();
     KC_PDL_TRIGGER();
     ChunkPos cp;
     if (!chunk_pos(a, w, blockIdx.x, &cp)) return;
+    constexpr int LDS = BK + 4, LDR = BK + 8, B4 = BK / 4, B4SH = BK == 16 ? 2 : 3, BSH = BK == 16 ? 4 : 5;
+    static_assert(BK == 16 || BK == 32, "slice width");
     const int h = blockIdx.y, n = cp.n, row0 = cp.row0;
-    const int K = a.K, V = a.V, BK = K < 32 ? K : 32, LDS = BK + 4;
+    const int K = a.K, V = a.V;
     const size_t T = a.T;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     KC_DYNAMIC_SMEM(sm);
@@ -483,17 +501,18 @@ __global__ void __launch_bounds__(KC_THREADS) kc_chunk_intra_kernel(kc_kda_chunk
     const float *kin = w.k + ((size_t)h * T + row0) * K, *qin = w.q + ((size_t)h * T + row0) * K;
     const float *gin = w.g + ((size_t)h * T + row0) * K;
 
-    for (int e = tid; e < 3 * KC_CH * KC_LDA; e += KC_THREADS) sm[e] = 0.0f;
+    for (int e = tid; e < 3 * KC_CH * KC_LDA / 4; e += KC_THREADS) ((float4 *)sm)[e] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     for (int r = tid; r < KC_CH; r += KC_THREADS) beta_s[r] = r < n ? w.beta[(size_t)h * T + row0 + r] : 0.0f;
     /* rows >= n: k = q = 0 and Gam = Gam[n-1], so they add nothing and every
      * exponent stays <= 0 */
     auto load_slice = [&](int ks) {
-        for (int e = tid; e < KC_CH * BK; e += KC_THREADS) {
-            const int r = e / BK, d = e % BK;
+        for (int e = tid; e < KC_CH * B4; e += KC_THREADS) {
+            const int r = e >> B4SH, d = (e & (B4 - 1)) * 4;
             const size_t o = (size_t)(r < n ? r : n - 1) * K + ks * BK + d;
-            k_s[r * LDS + d] = r < n ? kin[o] : 0.0f;
-            q_s[r * LDS + d] = r < n ? qin[o] : 0.0f;
-            g_s[r * LDS + d] = gin[o];
+            const float4 z = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            *(float4 *)(k_s + r * LDS + d) = r < n ? *(const float4 *)(kin + o) : z;
+            *(float4 *)(q_s + r * LDS + d) = r < n ? *(const float4 *)(qin + o) : z;
+            *(float4 *)(g_s + r * LDS + d) = *(const float4 *)(gin + o);
         }
     };
 
@@ -523,10 +542,14 @@ __global__ void __launch_bounds__(KC_THREADS) kc_chunk_intra_kernel(kc_kda_chunk
             const float *kr = k_s + pr[i] * LDS, *qr = q_s + pr[i] * LDS, *gr = g_s + pr[i] * LDS;
             const float *ks_ = k_s + ps[i] * LDS, *gs = g_s + ps[i] * LDS;
             float sk = 0.0f, sq = 0.0f;
-            for (int d = 0; d < BK; d++) {
-                const float ke = ks_[d] * expf(gr[d] - gs[d]);
-                sk += kr[d] * ke;
-                sq += qr[d] * ke;
+#pragma unroll
+            for (int d = 0; d < BK; d += 4) {
+                const float4 k4 = *(const float4 *)(ks_ + d), g4 = *(const float4 *)(gs + d);
+                const float4 gr4 = *(const float4 *)(gr + d), kr4 = *(const float4 *)(kr + d), qr4 = *(const float4 *)(qr + d);
+                const float e0 = k4.x * kc_fexp(gr4.x - g4.x), e1 = k4.y * kc_fexp(gr4.y - g4.y);
+                const float e2 = k4.z * kc_fexp(gr4.z - g4.z), e3 = k4.w * kc_fexp(gr4.w - g4.w);
+                sk += kr4.x * e0 + kr4.y * e1 + kr4.z * e2 + kr4.w * e3;
+                sq += qr4.x * e0 + qr4.y * e1 + qr4.z * e2 + qr4.w * e3;
             }
             dk[i] += sk;
             dq[i] += sq;
@@ -535,14 +558,14 @@ __global__ void __launch_bounds__(KC_THREADS) kc_chunk_intra_kernel(kc_kda_chunk
             const int R0 = 16 * (j + 1), M = KC_CH - R0;
             const float *gref = g_s + (16 * j + 15) * LDS;
             for (int e = tid; e < M * BK; e += KC_THREADS) {
-                const int i = e / BK, d = e % BK;
-                const float x = expf(g_s[(R0 + i) * LDS + d] - gref[d]);
+                const int i = e >> BSH, d = e & (BK - 1);
+                const float x = kc_fexp(g_s[(R0 + i) * LDS + d] - gref[d]);
                 ka[i * LDS + d] = k_s[(R0 + i) * LDS + d] * x;
                 qa[i * LDS + d] = q_s[(R0 + i) * LDS + d] * x;
             }
             for (int e = tid; e < 16 * BK; e += KC_THREADS) {
-                const int s = e / BK, d = e % BK;
-                kb[s * LDS + d] = k_s[(16 * j + s) * LDS + d] * expf(gref[d] - g_s[(16 * j + s) * LDS + d]);
+                const int s = e >> BSH, d = e & (BK - 1);
+                kb[s * LDS + d] = k_s[(16 * j + s) * LDS + d] * kc_fexp(gref[d] - g_s[(16 * j + s) * LDS + d]);
             }
             __syncthreads();
             const int nt = M / 16; /* tiles below block j, per matrix */
@@ -593,6 +616,7 @@ __global__ void __launch_bounds__(KC_THREADS) kc_chunk_intra_kernel(kc_kda_chunk
             const int i = dist + e / 256, j = i - dist, rr = (e >> 4) & 15, cc = e & 15;
             float s = 0.0f;
             for (int m = j; m < i; m++)
+#pragma unroll
                 for (int t = 0; t < 16; t++)
                     s += L_s[(16 * i + rr) * KC_LDA + 16 * m + t] * Ai_s[(16 * m + t) * KC_LDA + 16 * j + cc];
             tmp[e] = s;
@@ -601,28 +625,34 @@ __global__ void __launch_bounds__(KC_THREADS) kc_chunk_intra_kernel(kc_kda_chunk
         for (int e = tid; e < np * 256; e += KC_THREADS) {
             const int i = dist + e / 256, j = i - dist, rr = (e >> 4) & 15, cc = e & 15;
             float s = 0.0f;
+#pragma unroll
             for (int t = 0; t < 16; t++) s += Ai_s[(16 * i + rr) * KC_LDA + 16 * i + t] * tmp[(e & ~255) + t * 16 + cc];
             Ai_s[(16 * i + rr) * KC_LDA + 16 * j + cc] = -s;
         }
         __syncthreads();
     }
 
-    /* pass 2, per K slice: qg, kg, exp(Gam_last) out; W = Ai (beta k exp(Gam)) */
-    float *rhs = ka;   /* [64][LDS] */
+    /* pass 2, per K slice: qg, kg, exp(Gam_last) out; W = Ai (beta k exp(Gam)).
+     * The right-hand sides (a row-major B operand) at ld = BK + 8: no bank conflicts. */
+    float *rhs = ka;   /* [64][LDR] (<= 112 x LDS) */
     float *stage = q_s; /* product tile staging, free once qg is out */
-    const int nct = BK / 16;
+    constexpr int nct = BK / 16;
     for (int ks = 0; ks < K / BK; ks++) {
         load_slice(ks);
         __syncthreads();
         const float *glast = g_s + (n - 1) * LDS;
-        for (int e = tid; e < KC_CH * BK; e += KC_THREADS) {
-            const int r = e / BK, d = e % BK;
-            const float gv = g_s[r * LDS + d], kv = k_s[r * LDS + d];
-            rhs[r * LDS + d] = beta_s[r] * kv * expf(gv);
+        for (int e = tid; e < KC_CH * B4; e += KC_THREADS) {
+            const int r = e >> B4SH, d = (e & (B4 - 1)) * 4;
+            const float4 gv = *(const float4 *)(g_s + r * LDS + d), kv = *(const float4 *)(k_s + r * LDS + d);
+            const float4 qv = *(const float4 *)(q_s + r * LDS + d), gl = *(const float4 *)(glast + d);
+            const float4 eg = make_float4(kc_fexp(gv.x), kc_fexp(gv.y), kc_fexp(gv.z), kc_fexp(gv.w));
+            const float b = beta_s[r];
+            *(float4 *)(rhs + r * LDR + d) = make_float4(b * kv.x * eg.x, b * kv.y * eg.y, b * kv.z * eg.z, b * kv.w * eg.w);
             if (r < n) {
                 const size_t o = ((size_t)h * T + row0 + r) * K + ks * BK + d;
-                w.q[o] = q_s[r * LDS + d] * expf(gv);
-                w.k[o] = kv * expf(glast[d] - gv);
+                *(float4 *)(w.q + o) = make_float4(qv.x * eg.x, qv.y * eg.y, qv.z * eg.z, qv.w * eg.w);
+                *(float4 *)(w.k + o) = make_float4(kv.x * kc_fexp(gl.x - gv.x), kv.y * kc_fexp(gl.y - gv.y),
+                                                   kv.z * kc_fexp(gl.z - gv.z), kv.w * kc_fexp(gl.w - gv.w));
             }
         }
         if (tid < BK) w.egl[((size_t)blockIdx.x * a.H + h) * K + ks * BK + tid] = expf(glast[tid]);
@@ -631,40 +661,47 @@ __global__ void __launch_bounds__(KC_THREADS) kc_chunk_intra_kernel(kc_kda_chunk
             const int mi = warp / nct, ni = warp % nct;
             Acc<MODE> acc;
             acc.zero();
-            acc.template mma<true, true>(Ai_s + 16 * mi * KC_LDA, KC_LDA, rhs + 16 * ni, LDS, KC_CH, false);
+            acc.template mma<true, true>(Ai_s + 16 * mi * KC_LDA, KC_LDA, rhs + 16 * ni, LDR, KC_CH, false);
             acc.store(stage + 16 * mi * LDS + 16 * ni, LDS);
         }
         __syncthreads();
-        for (int e = tid; e < n * BK; e += KC_THREADS) {
-            const int r = e / BK, d = e % BK;
-            w.g[((size_t)h * T + row0 + r) * K + ks * BK + d] = stage[r * LDS + d];
+        for (int e = tid; e < n * B4; e += KC_THREADS) {
+            const int r = e >> B4SH, d = (e & (B4 - 1)) * 4;
+            *(float4 *)(w.g + ((size_t)h * T + row0 + r) * K + ks * BK + d) = *(const float4 *)(stage + r * LDS + d);
         }
         __syncthreads();
     }
     /* U = Ai (beta v), BK value columns at a time, in place of v */
     for (int vs = 0; vs < V / BK; vs++) {
         float *vio = w.v + ((size_t)h * T + row0) * V + vs * BK;
-        for (int e = tid; e < KC_CH * BK; e += KC_THREADS) {
-            const int r = e / BK, d = e % BK;
-            rhs[r * LDS + d] = r < n ? beta_s[r] * vio[(size_t)r * V + d] : 0.0f;
+        for (int e = tid; e < KC_CH * B4; e += KC_THREADS) {
+            const int r = e >> B4SH, d = (e & (B4 - 1)) * 4;
+            float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (r < n) {
+                const float4 v4 = *(const float4 *)(vio + (size_t)r * V + d);
+                const float b = beta_s[r];
+                x = make_float4(b * v4.x, b * v4.y, b * v4.z, b * v4.w);
+            }
+            *(float4 *)(rhs + r * LDR + d) = x;
         }
         __syncthreads();
         if (warp < 4 * nct) {
             const int mi = warp / nct, ni = warp % nct;
             Acc<MODE> acc;
             acc.zero();
-            acc.template mma<true, true>(Ai_s + 16 * mi * KC_LDA, KC_LDA, rhs + 16 * ni, LDS, KC_CH, false);
+            acc.template mma<true, true>(Ai_s + 16 * mi * KC_LDA, KC_LDA, rhs + 16 * ni, LDR, KC_CH, false);
             acc.store(stage + 16 * mi * LDS + 16 * ni, LDS);
         }
         __syncthreads();
-        for (int e = tid; e < n * BK; e += KC_THREADS) {
-            const int r = e / BK, d = e % BK;
-            vio[(size_t)r * V + d] = stage[r * LDS + d];
+        for (int e = tid; e < n * B4; e += KC_THREADS) {
+            const int r = e >> B4SH, d = (e & (B4 - 1)) * 4;
+            *(float4 *)(vio + (size_t)r * V + d) = *(const float4 *)(stage + r * LDS + d);
         }
         __syncthreads();
     }
-    for (int e = tid; e < n * KC_CH; e += KC_THREADS)
-        w.aqk[((size_t)h * T + row0 + (e >> 6)) * KC_CH + (e & 63)] = A_s[(e >> 6) * KC_LDA + (e & 63)];
+    for (int e = tid; e < n * (KC_CH / 4); e += KC_THREADS)
+        *(float4 *)(w.aqk + ((size_t)h * T + row0 + (e >> 4)) * KC_CH + (e & 15) * 4) =
+            *(const float4 *)(A_s + (e >> 4) * KC_LDA + (e & 15) * 4);
 }
 
 /* ---- recur ----
@@ -736,13 +773,18 @@ static __device__ bool recur_job(const kc_kda_chunk_args &a, const ChunkWs &w, i
     return true;
 }
 
-/* Shared memory (floats): X [K][BV+4], Vnew [64][BV+4], then nbuf (1 or 2)
- * buffers of { W [64][K+4], kg [64][K+4], U [64][BV+4], exp(Gam_last) [K] }.
+/* Shared memory (floats): X [K][LDV], Vnew [64][LDV], then nbuf (1 or 2)
+ * buffers of { W [64][K+4], kg [64][K+8], U [64][LDV], exp(Gam_last) [K] }.
  * With 2, chunk c + 1's loads (cp.async) are in flight while chunk c
- * computes; with 1, a second block on the SM (half the shared memory) hides them. */
+ * computes; with 1, a second block on the SM (half the shared memory) hides them.
+ * Strides against bank conflicts of the fragment loads: a row-major A operand
+ * (W) wants ld = 4 mod 32, a col-major A (kg^T) and a row-major B (X, Vnew)
+ * ld = 8 mod 32 (BV = 64 keeps +4 so that two buffers fit). */
+static __host__ __device__ int recur_ldv(int BV) { return BV + (BV < 64 ? 8 : 4); }
 static __host__ __device__ int recur_smem_floats(int K, int BV, int nbuf)
 {
-    return (K + KC_CH) * (BV + 4) + nbuf * (2 * KC_CH * (K + 4) + KC_CH * (BV + 4) + K);
+    const int LDV = recur_ldv(BV);
+    return (K + KC_CH) * LDV + nbuf * (KC_CH * (K + 4) + KC_CH * (K + 8) + KC_CH * LDV + K);
 }
 
 template <int MODE>
@@ -755,18 +797,18 @@ __global__ void __launch_bounds__(KC_THREADS) kc_chunk_recur_kernel(kc_kda_chunk
     if (!recur_job(a, w, phase, BV, write_state, &jb)) return;
     const int item = blockIdx.x, h = blockIdx.y;
     const int gc0 = w.item_chunk0[item], irow0 = a.item_row0[item], nt = a.item_ntok[item];
-    const int H = a.H, K = a.K, V = a.V, LDK = K + 4, LDV = BV + 4, XW = K + V;
+    const int H = a.H, K = a.K, V = a.V, LDK = K + 4, LDG = K + 8, LDV = recur_ldv(BV), XW = K + V;
     const size_t T = a.T;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     KC_DYNAMIC_SMEM(sm);
     float *S_s = sm, *Vn_s = S_s + K * LDV, *buf0 = Vn_s + KC_CH * LDV;
-    const int bufsz = 2 * KC_CH * LDK + KC_CH * LDV + K;
+    const int bufsz = KC_CH * LDK + KC_CH * LDG + KC_CH * LDV + K;
     const bool has_u = jb.vcol >= 0;
     /* BV, K / 4 and BV / 4 are powers of two: shifts instead of divisions in the per-chunk loops */
     const int bsh = log2i(BV), ksh = log2i(K / 4), vsh = log2i(BV / 4);
 
     auto issue = [&](int ci, int b) {
-        float *Wb = buf0 + b * bufsz, *kgb = Wb + KC_CH * LDK, *Ub = kgb + KC_CH * LDK, *egb = Ub + KC_CH * LDV;
+        float *Wb = buf0 + b * bufsz, *kgb = Wb + KC_CH * LDK, *Ub = kgb + KC_CH * LDG, *egb = Ub + KC_CH * LDV;
         const int n = min(KC_CH, nt - KC_CH * ci), row0 = irow0 + KC_CH * ci;
         const float *Wg = w.g + ((size_t)h * T + row0) * K, *kgg = w.k + ((size_t)h * T + row0) * K;
         const float *Ug = w.v + ((size_t)h * T + row0) * V + (has_u ? jb.vcol : 0);
@@ -775,7 +817,7 @@ __global__ void __launch_bounds__(KC_THREADS) kc_chunk_recur_kernel(kc_kda_chunk
             const int r = e >> ksh, q = e & (k4 - 1);
             const bool ok = r < n;
             cp_async16(Wb + r * LDK + 4 * q, Wg + (size_t)(ok ? r : 0) * K + 4 * q, ok);
-            cp_async16(kgb + r * LDK + 4 * q, kgg + (size_t)(ok ? r : 0) * K + 4 * q, ok);
+            cp_async16(kgb + r * LDG + 4 * q, kgg + (size_t)(ok ? r : 0) * K + 4 * q, ok);
         }
         for (int e = tid; e < KC_CH * v4; e += KC_THREADS) { /* identity columns: U = 0 */
             const int r = e >> vsh, q = e & (v4 - 1);
@@ -810,7 +852,7 @@ __global__ void __launch_bounds__(KC_THREADS) kc_chunk_recur_kernel(kc_kda_chunk
             cp_async_wait<0>();
         }
         __syncthreads(); /* everyone's copies, and X from the previous chunk */
-        const float *Wb = buf0 + b * bufsz, *kgb = Wb + KC_CH * LDK, *Ub = kgb + KC_CH * LDK, *egb = Ub + KC_CH * LDV;
+        const float *Wb = buf0 + b * bufsz, *kgb = Wb + KC_CH * LDK, *Ub = kgb + KC_CH * LDG, *egb = Ub + KC_CH * LDV;
         const int n = min(KC_CH, nt - KC_CH * ci), row0 = irow0 + KC_CH * ci;
         if (jb.out) { /* the state at the chunk's start, for the output stage */
             float *scg = w.sc + ((size_t)(gc0 + ci) * H + h) * K * V + jb.vcol;
@@ -837,7 +879,7 @@ __global__ void __launch_bounds__(KC_THREADS) kc_chunk_recur_kernel(kc_kda_chunk
             __syncwarp();
             Acc<MODE> acc;
             acc.load(St, LDV);
-            acc.template mma<false, true>(kgb + 16 * mi, LDK, Vn_s + 16 * ni, LDV, KC_CH, false);
+            acc.template mma<false, true>(kgb + 16 * mi, LDG, Vn_s + 16 * ni, LDV, KC_CH, false);
             acc.store(St, LDV);
         }
         __syncthreads(); /* before the next chunk reuses the buffer, Vnew and X */
@@ -908,11 +950,15 @@ __global__ void __launch_bounds__(KC_THREADS) kc_chunk_combine_kernel(kc_kda_chu
 }
 
 /* ---- out: block per (chunk, head), all V columns ----
- * Shared memory (floats): qg [64][K+4], S_c [K][V+4], Aqk [64][68],
- * Vnew [64][V+4] (then O). Warp w owns output tiles w, w + 8, ... (<= 4). */
+ * Two phases through one shared region, so that two blocks fit an SM (the
+ * stage is latency-bound: one block's loads overlap the other's products):
+ * qg [64][K+4] and S_c [K][V+8] for O = qg S_c, then Aqk [64][68] and Vnew
+ * [64][V+8] (then O) for O += Aqk Vnew. Warp w owns output tiles w, w + 8,
+ * ... (<= 4), accumulated in registers across the phases. */
 static __host__ __device__ int out_smem_floats(int K, int V)
 {
-    return KC_CH * (K + 4) + K * (V + 4) + KC_CH * KC_LDA + KC_CH * (V + 4);
+    const int a = KC_CH * (K + 4) + K * (V + 8), b = KC_CH * KC_LDA + KC_CH * (V + 8);
+    return a > b ? a : b;
 }
 
 template <int MODE>
@@ -923,30 +969,23 @@ __global__ void __launch_bounds__(KC_THREADS) kc_chunk_out_kernel(kc_kda_chunk_a
     ChunkPos cp;
     if (!chunk_pos(a, w, blockIdx.x, &cp)) return;
     const int h = blockIdx.y, n = cp.n, row0 = cp.row0;
-    const int H = a.H, K = a.K, V = a.V, HK = H * K, HV = H * V, LDK = K + 4, LDV = V + 4;
+    /* ld = 8 mod 32 for the row-major B operands (S_c, Vnew): no bank conflicts */
+    const int H = a.H, K = a.K, V = a.V, HK = H * K, HV = H * V, LDK = K + 4, LDV = V + 8;
     const size_t T = a.T;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     KC_DYNAMIC_SMEM(sm);
-    float *qg_s = sm, *sc_s = qg_s + KC_CH * LDK, *aq_s = sc_s + K * LDV, *vn_s = aq_s + KC_CH * KC_LDA;
+    float *qg_s = sm, *sc_s = qg_s + KC_CH * LDK; /* phase 1 */
+    float *aq_s = sm, *vn_s = aq_s + KC_CH * KC_LDA; /* phase 2 */
+    const int k4 = K / 4, v4 = V / 4, ksh = log2i(k4), vsh = log2i(v4); /* powers of two */
     {
-        const float *qg = w.q + ((size_t)h * T + row0) * K, *vn = w.v + ((size_t)h * T + row0) * V;
-        const float *aq = w.aqk + ((size_t)h * T + row0) * KC_CH;
+        const float *qg = w.q + ((size_t)h * T + row0) * K;
         const float *sc = w.sc + ((size_t)blockIdx.x * H + h) * K * V;
-        const int k4 = K / 4, v4 = V / 4;
         for (int e = tid; e < KC_CH * k4; e += KC_THREADS) {
-            const int r = e / k4, q = e % k4;
+            const int r = e >> ksh, q = e & (k4 - 1);
             cp_async16(qg_s + r * LDK + 4 * q, qg + (size_t)(r < n ? r : 0) * K + 4 * q, r < n);
         }
-        for (int e = tid; e < KC_CH * v4; e += KC_THREADS) {
-            const int r = e / v4, q = e % v4;
-            cp_async16(vn_s + r * LDV + 4 * q, vn + (size_t)(r < n ? r : 0) * V + 4 * q, r < n);
-        }
-        for (int e = tid; e < KC_CH * 16; e += KC_THREADS) {
-            const int r = e / 16, q = e % 16;
-            cp_async16(aq_s + r * KC_LDA + 4 * q, aq + (size_t)(r < n ? r : 0) * KC_CH + 4 * q, r < n);
-        }
         for (int e = tid; e < K * v4; e += KC_THREADS) {
-            const int r = e / v4, q = e % v4;
+            const int r = e >> vsh, q = e & (v4 - 1);
             cp_async16(sc_s + r * LDV + 4 * q, sc + (size_t)r * V + 4 * q, true);
         }
         cp_async_commit();
@@ -962,6 +1001,28 @@ __global__ void __launch_bounds__(KC_THREADS) kc_chunk_out_kernel(kc_kda_chunk_a
             const int mi = t / nvt, ni = t % nvt;
             acc[i].zero();
             acc[i].template mma<true, true>(qg_s + 16 * mi * LDK, LDK, sc_s + 16 * ni, LDV, K, false);
+        }
+    }
+    __syncthreads(); /* qg and S_c read: phase 2 takes their place */
+    {
+        const float *vn = w.v + ((size_t)h * T + row0) * V, *aq = w.aqk + ((size_t)h * T + row0) * KC_CH;
+        for (int e = tid; e < KC_CH * v4; e += KC_THREADS) {
+            const int r = e >> vsh, q = e & (v4 - 1);
+            cp_async16(vn_s + r * LDV + 4 * q, vn + (size_t)(r < n ? r : 0) * V + 4 * q, r < n);
+        }
+        for (int e = tid; e < KC_CH * 16; e += KC_THREADS) {
+            const int r = e >> 4, q = e & 15;
+            cp_async16(aq_s + r * KC_LDA + 4 * q, aq + (size_t)(r < n ? r : 0) * KC_CH + 4 * q, r < n);
+        }
+        cp_async_commit();
+        cp_async_wait<0>();
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int t = warp + 8 * i;
+        if (t < ntile) {
+            const int mi = t / nvt, ni = t % nvt;
             acc[i].template mma<true, true>(aq_s + 16 * mi * KC_LDA, KC_LDA, vn_s + 16 * ni, LDV, KC_CH, false);
         }
     }
@@ -1051,12 +1112,14 @@ template <typename Kern> static int smem_allow(Kern k, size_t bytes, size_t *all
 template <int MODE>
 static int run_chunk_stages(const kc_kda_chunk_args *a, const ChunkWs &w, int bv, int nbuf, cudaStream_t s)
 {
-    static size_t allow_intra = 0, allow_recur = 0, allow_out = 0, allow_comb = 0;
+    static size_t allow_intra = 0, allow_intra16 = 0, allow_recur = 0, allow_out = 0, allow_comb = 0;
     const int H = a->H, K = a->K, V = a->V, stop = a->debug_stop_after, split = w.seq_split > 1;
     const int maxc = w.max_chunks, ws = stop == 0 ? 1 : 0;
     const size_t sm_intra = (size_t)intra_smem_floats(K) * 4, sm_recur = (size_t)recur_smem_floats(K, bv, nbuf) * 4;
     const size_t sm_out = (size_t)out_smem_floats(K, V) * 4, sm_comb = (size_t)combine_smem_floats(K, bv) * 4;
-    if (smem_allow(kc_chunk_intra_kernel<MODE>, sm_intra, &allow_intra) ||
+    const bool bk16 = K < 32; /* the intra stage's K slice: 16 or 32 channels */
+    if (smem_allow(kc_chunk_intra_kernel<MODE, 32>, sm_intra, &allow_intra) ||
+        smem_allow(kc_chunk_intra_kernel<MODE, 16>, sm_intra, &allow_intra16) ||
         smem_allow(kc_chunk_recur_kernel<MODE>, sm_recur, &allow_recur) ||
         smem_allow(kc_chunk_out_kernel<MODE>, sm_out, &allow_out) ||
         (split && smem_allow(kc_chunk_combine_kernel<MODE>, sm_comb, &allow_comb)))
@@ -1064,7 +1127,10 @@ static int run_chunk_stages(const kc_kda_chunk_args *a, const ChunkWs &w, int bv
     KC_CHUNK_LAUNCH("plan", kc_chunk_plan_kernel, dim3(1), dim3(1024), 0, s, *a, w);
     KC_CHUNK_LAUNCH("prep", kc_chunk_prep_kernel, dim3(maxc, H, 3), dim3(KC_PREP_THREADS), (size_t)KC_CH * K * 4, s, *a, w);
     if (stop == 1) return 0;
-    KC_CHUNK_LAUNCH("intra", kc_chunk_intra_kernel<MODE>, dim3(maxc, H), dim3(KC_THREADS), sm_intra, s, *a, w);
+    if (bk16)
+        KC_CHUNK_LAUNCH("intra", kc_chunk_intra_kernel<MODE, 16>, dim3(maxc, H), dim3(KC_THREADS), sm_intra, s, *a, w);
+    else
+        KC_CHUNK_LAUNCH("intra", kc_chunk_intra_kernel<MODE, 32>, dim3(maxc, H), dim3(KC_THREADS), sm_intra, s, *a, w);
     if (stop == 2) return 0;
     if (!split) {
         KC_CHUNK_LAUNCH("recur", kc_chunk_recur_kernel<MODE>, dim3(a->n_items, H, V / bv), dim3(KC_THREADS), sm_recur,
