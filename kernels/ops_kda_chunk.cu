@@ -455,19 +455,28 @@ __global__ void __launch_bounds__(KC_PREP_THREADS) kc_chunk_prep_kernel(kc_kda_c
 }
 
 /* ---- intra: block per (chunk, head) ----
- * Shared memory (floats): L, Aqk, Ai [64][68]; k, q, Gam slices [64][BK+4]
- * (BK = min(K, 32) channels at a time, a template parameter: the kernel is
- * bound by its instruction issue, so index arithmetic is shifts and loads
- * are 16 bytes wide); scratch [112][BK+4] (the two factors of the
- * off-diagonal sub-blocks, later the right-hand sides [64][BK+8] and the Ai
- * blocks' products); beta [64]. Exponentials of non-positive arguments
- * through __expf (ex2.approx: relative error ~1e-6 where the result is not
- * negligible, far under the tf32 products it feeds; the stage-2 test of qg
- * and kg at 1e-5 covers it). */
+ * Shared memory (floats), in two regions so that three blocks fit an SM:
+ *   Ai [64][68], beta [64];
+ *   region Y, in turn: the k, q, Gam slices [64][BK+4] (BK = min(K, 32)
+ *   channels at a time) and scratch [112][BK+4] (the two factors of the
+ *   off-diagonal sub-blocks; later the right-hand sides [64][BK+8]); after
+ *   pass 1, L and Aqk [64][68] and the solve's products [768].
+ * The off-diagonal sub-blocks of L and Aqk accumulate over the K slices in
+ * registers (12 tiles, <= 2 per warp) and the diagonal ones per thread, so
+ * neither matrix lives in shared memory while the slices do. BK is a
+ * template parameter: the kernel is bound by its instruction issue, so
+ * index arithmetic is shifts and loads are 16 bytes wide. Exponentials of
+ * non-positive arguments through __expf (ex2.approx: relative error ~1e-6
+ * where the result is not negligible, far under the tf32 products it feeds;
+ * the stage-2 test of qg and kg at 1e-5 covers it). */
+static __host__ __device__ int intra_region_y(int BK)
+{
+    const int a = 3 * KC_CH * (BK + 4) + 112 * (BK + 4), b = 2 * KC_CH * KC_LDA + 768;
+    return a > b ? a : b;
+}
 static __host__ __device__ int intra_smem_floats(int K)
 {
-    const int LDS = (K < 32 ? K : 32) + 4;
-    return 3 * KC_CH * KC_LDA + 3 * KC_CH * LDS + 112 * LDS + KC_CH;
+    return KC_CH * KC_LDA + KC_CH + intra_region_y(K < 32 ? K : 32);
 }
 
 /* the emulator runs the accurate expf: the GPU test checks the difference */
@@ -481,7 +490,8 @@ static __device__ __forceinline__ float kc_fexp(float x)
 }
 
 template <int MODE, int BK>
-__global__ void __launch_bounds__(KC_THREADS) kc_chunk_intra_kernel(kc_kda_chunk_args a, ChunkWs w)
+__global__ void __launch_bounds__(KC_THREADS, MODE == KC_KDA_GEMM_TF32 ? 3 : 1)
+    kc_chunk_intra_kernel(kc_kda_chunk_args a, ChunkWs w)
 {
     KC_PDL_WAIT();
     KC_PDL_TRIGGER();
@@ -494,14 +504,15 @@ __global__ void __launch_bounds__(KC_THREADS) kc_chunk_intra_kernel(kc_kda_chunk
     const size_t T = a.T;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     KC_DYNAMIC_SMEM(sm);
-    float *L_s = sm, *A_s = L_s + KC_CH * KC_LDA, *Ai_s = A_s + KC_CH * KC_LDA;
-    float *k_s = Ai_s + KC_CH * KC_LDA, *q_s = k_s + KC_CH * LDS, *g_s = q_s + KC_CH * LDS;
+    float *Ai_s = sm, *beta_s = Ai_s + KC_CH * KC_LDA, *Y = beta_s + KC_CH;
+    float *k_s = Y, *q_s = k_s + KC_CH * LDS, *g_s = q_s + KC_CH * LDS;
     float *ka = g_s + KC_CH * LDS, *qa = ka + 48 * LDS, *kb = qa + 48 * LDS; /* ka..qa: 96 rows */
-    float *beta_s = kb + 16 * LDS;
+    float *L_s = Y, *A_s = L_s + KC_CH * KC_LDA, *tmp = A_s + KC_CH * KC_LDA; /* after pass 1 */
     const float *kin = w.k + ((size_t)h * T + row0) * K, *qin = w.q + ((size_t)h * T + row0) * K;
     const float *gin = w.g + ((size_t)h * T + row0) * K;
 
-    for (int e = tid; e < 3 * KC_CH * KC_LDA / 4; e += KC_THREADS) ((float4 *)sm)[e] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    /* Ai's blocks above the diagonal stay zero (W and U read the whole matrix) */
+    for (int e = tid; e < KC_CH * KC_LDA / 4; e += KC_THREADS) ((float4 *)Ai_s)[e] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     for (int r = tid; r < KC_CH; r += KC_THREADS) beta_s[r] = r < n ? w.beta[(size_t)h * T + row0 + r] : 0.0f;
     /* rows >= n: k = q = 0 and Gam = Gam[n-1], so they add nothing and every
      * exponent stays <= 0 */
@@ -531,6 +542,19 @@ __global__ void __launch_bounds__(KC_THREADS) kc_chunk_intra_kernel(kc_kda_chunk
             ps[i] = 16 * (p / 136) + l;
         }
     }
+    /* The 12 off-diagonal tiles (column block j, row tile mi below it, of L
+     * or Aqk), at most two per warp and those of one j on different warps:
+     * j = 0 (6 tiles) on warps 0..5 (slot 0), j = 1 (4) on warps 6, 7, 0, 1
+     * and j = 2 (2) on warps 2, 3 (slot 1). */
+    Acc<MODE> acc0, acc1;
+    acc0.zero();
+    acc1.zero();
+    const bool has0 = warp < 6, isq0 = warp >= 3;
+    const int mi0 = warp % 3;
+    const int j1 = warp >= 6 || warp < 2 ? 1 : warp < 4 ? 2 : -1;
+    const int u1 = j1 == 1 ? (warp + 2) & 7 : warp - 2; /* j1 = 1: 0..3; j1 = 2: 0..1 */
+    const bool isq1 = j1 == 1 ? u1 >= 2 : u1 == 1;
+    const int mi1 = j1 == 1 ? (u1 & 1) : 0;
 
     /* pass 1: L (before beta) and Aqk */
     for (int ks = 0; ks < K / BK; ks++) {
@@ -568,19 +592,19 @@ __global__ void __launch_bounds__(KC_THREADS) kc_chunk_intra_kernel(kc_kda_chunk
                 kb[s * LDS + d] = k_s[(16 * j + s) * LDS + d] * kc_fexp(gref[d] - g_s[(16 * j + s) * LDS + d]);
             }
             __syncthreads();
-            const int nt = M / 16; /* tiles below block j, per matrix */
-            if (warp < 2 * nt) {
-                const bool isq = warp >= nt;
-                const int mi = isq ? warp - nt : warp;
-                float *dst = (isq ? A_s : L_s) + (R0 + 16 * mi) * KC_LDA + 16 * j;
-                Acc<MODE> acc;
-                acc.load(dst, KC_LDA);
-                acc.template mma<true, false>((isq ? qa : ka) + 16 * mi * LDS, LDS, kb, LDS, BK, false);
-                acc.store(dst, KC_LDA);
-            }
-            __syncthreads();
+            if (j == 0 && has0)
+                acc0.template mma<true, false>((isq0 ? qa : ka) + 16 * mi0 * LDS, LDS, kb, LDS, BK, false);
+            if (j > 0 && j1 == j)
+                acc1.template mma<true, false>((isq1 ? qa : ka) + 16 * mi1 * LDS, LDS, kb, LDS, BK, false);
+            __syncthreads(); /* the factors and (last j) the slices are free */
         }
     }
+    /* L and Aqk into region Y (the slices are dead): zeros above the
+     * diagonal of Aqk (stored whole), the tiles, the diagonal sub-blocks */
+    for (int e = tid; e < KC_CH * KC_LDA / 4; e += KC_THREADS) ((float4 *)A_s)[e] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    __syncthreads();
+    if (has0) acc0.store((isq0 ? A_s : L_s) + (16 + 16 * mi0) * KC_LDA, KC_LDA);
+    if (j1 > 0) acc1.store((isq1 ? A_s : L_s) + (16 * (j1 + 1) + 16 * mi1) * KC_LDA + 16 * j1, KC_LDA);
 #pragma unroll
     for (int i = 0; i < 3; i++) {
         if (pr[i] < 0) continue;
@@ -589,6 +613,9 @@ __global__ void __launch_bounds__(KC_THREADS) kc_chunk_intra_kernel(kc_kda_chunk
     }
     __syncthreads();
     for (int e = tid; e < KC_CH * KC_CH; e += KC_THREADS) L_s[(e >> 6) * KC_LDA + (e & 63)] *= beta_s[e >> 6];
+    for (int e = tid; e < n * (KC_CH / 4); e += KC_THREADS)
+        *(float4 *)(w.aqk + ((size_t)h * T + row0 + (e >> 4)) * KC_CH + (e & 15) * 4) =
+            *(const float4 *)(A_s + (e >> 4) * KC_LDA + (e & 15) * 4);
     __syncthreads();
 
     /* Ai = (I + L)^-1. Diagonal blocks: forward substitution, lane c of
@@ -609,7 +636,6 @@ __global__ void __launch_bounds__(KC_THREADS) kc_chunk_intra_kernel(kc_kda_chunk
     __syncthreads();
     /* Off-diagonal blocks by distance from the diagonal:
      * Ai_ij = -Ai_ii sum_{m=j}^{i-1} L_im Ai_mj (every Ai_mj is nearer). */
-    float *tmp = ka;
     for (int dist = 1; dist < 4; dist++) {
         const int np = 4 - dist;
         for (int e = tid; e < np * 256; e += KC_THREADS) {
@@ -632,8 +658,9 @@ __global__ void __launch_bounds__(KC_THREADS) kc_chunk_intra_kernel(kc_kda_chunk
         __syncthreads();
     }
 
-    /* pass 2, per K slice: qg, kg, exp(Gam_last) out; W = Ai (beta k exp(Gam)).
-     * The right-hand sides (a row-major B operand) at ld = BK + 8: no bank conflicts. */
+    /* pass 2, per K slice (region Y holds the slices again: L and Aqk are
+     * dead): qg, kg, exp(Gam_last) out; W = Ai (beta k exp(Gam)). The
+     * right-hand sides (a row-major B operand) at ld = BK + 8: no bank conflicts. */
     float *rhs = ka;   /* [64][LDR] (<= 112 x LDS) */
     float *stage = q_s; /* product tile staging, free once qg is out */
     constexpr int nct = BK / 16;
@@ -699,9 +726,6 @@ __global__ void __launch_bounds__(KC_THREADS) kc_chunk_intra_kernel(kc_kda_chunk
         }
         __syncthreads();
     }
-    for (int e = tid; e < n * (KC_CH / 4); e += KC_THREADS)
-        *(float4 *)(w.aqk + ((size_t)h * T + row0 + (e >> 4)) * KC_CH + (e & 15) * 4) =
-            *(const float4 *)(A_s + (e >> 4) * KC_LDA + (e & 15) * 4);
 }
 
 /* ---- recur ----
@@ -950,14 +974,15 @@ __global__ void __launch_bounds__(KC_THREADS) kc_chunk_combine_kernel(kc_kda_chu
 }
 
 /* ---- out: block per (chunk, head), all V columns ----
- * Two phases through one shared region, so that two blocks fit an SM (the
- * stage is latency-bound: one block's loads overlap the other's products):
- * qg [64][K+4] and S_c [K][V+8] for O = qg S_c, then Aqk [64][68] and Vnew
+ * Three phases through one shared region, so that three blocks fit an SM
+ * (the stage is latency-bound: one block's loads overlap the others'
+ * products): qg [64][K+4] and the first K/2 rows of S_c [K/2][V+8], then the
+ * other K/2 rows in their place, for O = qg S_c; then Aqk [64][68] and Vnew
  * [64][V+8] (then O) for O += Aqk Vnew. Warp w owns output tiles w, w + 8,
  * ... (<= 4), accumulated in registers across the phases. */
 static __host__ __device__ int out_smem_floats(int K, int V)
 {
-    const int a = KC_CH * (K + 4) + K * (V + 8), b = KC_CH * KC_LDA + KC_CH * (V + 8);
+    const int a = KC_CH * (K + 4) + K / 2 * (V + 8), b = KC_CH * KC_LDA + KC_CH * (V + 8);
     return a > b ? a : b;
 }
 
@@ -970,40 +995,52 @@ __global__ void __launch_bounds__(KC_THREADS) kc_chunk_out_kernel(kc_kda_chunk_a
     if (!chunk_pos(a, w, blockIdx.x, &cp)) return;
     const int h = blockIdx.y, n = cp.n, row0 = cp.row0;
     /* ld = 8 mod 32 for the row-major B operands (S_c, Vnew): no bank conflicts */
-    const int H = a.H, K = a.K, V = a.V, HK = H * K, HV = H * V, LDK = K + 4, LDV = V + 8;
+    const int H = a.H, K = a.K, V = a.V, HK = H * K, HV = H * V, LDK = K + 4, LDV = V + 8, KH = K / 2;
     const size_t T = a.T;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     KC_DYNAMIC_SMEM(sm);
-    float *qg_s = sm, *sc_s = qg_s + KC_CH * LDK; /* phase 1 */
-    float *aq_s = sm, *vn_s = aq_s + KC_CH * KC_LDA; /* phase 2 */
+    float *qg_s = sm, *sc_s = qg_s + KC_CH * LDK; /* phases 1, 2 */
+    float *aq_s = sm, *vn_s = aq_s + KC_CH * KC_LDA; /* phase 3 */
     const int k4 = K / 4, v4 = V / 4, ksh = log2i(k4), vsh = log2i(v4); /* powers of two */
+    const float *sc = w.sc + ((size_t)blockIdx.x * H + h) * K * V;
+    auto load_sc = [&](int half) {
+        for (int e = tid; e < KH * v4; e += KC_THREADS) {
+            const int r = e >> vsh, q = e & (v4 - 1);
+            cp_async16(sc_s + r * LDV + 4 * q, sc + (size_t)(half * KH + r) * V + 4 * q, true);
+        }
+    };
     {
         const float *qg = w.q + ((size_t)h * T + row0) * K;
-        const float *sc = w.sc + ((size_t)blockIdx.x * H + h) * K * V;
         for (int e = tid; e < KC_CH * k4; e += KC_THREADS) {
             const int r = e >> ksh, q = e & (k4 - 1);
             cp_async16(qg_s + r * LDK + 4 * q, qg + (size_t)(r < n ? r : 0) * K + 4 * q, r < n);
         }
-        for (int e = tid; e < K * v4; e += KC_THREADS) {
-            const int r = e >> vsh, q = e & (v4 - 1);
-            cp_async16(sc_s + r * LDV + 4 * q, sc + (size_t)r * V + 4 * q, true);
-        }
+        load_sc(0);
         cp_async_commit();
         cp_async_wait<0>();
     }
     __syncthreads();
     const int nvt = V / 16, ntile = 4 * nvt; /* V <= 128: <= 32 tiles, <= 4 per warp */
     Acc<MODE> acc[4];
+    for (int half = 0; half < 2; half++) {
+        if (half) {
+            __syncthreads(); /* the first half of S_c read */
+            load_sc(1);
+            cp_async_commit();
+            cp_async_wait<0>();
+            __syncthreads();
+        }
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const int t = warp + 8 * i;
-        if (t < ntile) {
-            const int mi = t / nvt, ni = t % nvt;
-            acc[i].zero();
-            acc[i].template mma<true, true>(qg_s + 16 * mi * LDK, LDK, sc_s + 16 * ni, LDV, K, false);
+        for (int i = 0; i < 4; i++) {
+            const int t = warp + 8 * i;
+            if (t < ntile) {
+                const int mi = t / nvt, ni = t % nvt;
+                if (!half) acc[i].zero();
+                acc[i].template mma<true, true>(qg_s + 16 * mi * LDK + half * KH, LDK, sc_s + 16 * ni, LDV, KH, false);
+            }
         }
     }
-    __syncthreads(); /* qg and S_c read: phase 2 takes their place */
+    __syncthreads(); /* qg and S_c read: phase 3 takes their place */
     {
         const float *vn = w.v + ((size_t)h * T + row0) * V, *aq = w.aqk + ((size_t)h * T + row0) * KC_CH;
         for (int e = tid; e < KC_CH * v4; e += KC_THREADS) {
