@@ -94,9 +94,7 @@ int kc_kda_chunk(const kc_kda_chunk_args *a, cudaStream_t s);
  *   beta: sigmoid(beta logit)                                 [H][T]
  *   aqk: tril(q k^T exp(Gam_r - Gam_s)) within the chunk, s <= r (2) [H][T][64]
  *   egl: exp(Gam_last) per chunk (2)                          [chunks][H][K]
- *   o:   qg S_c, the inter-chunk part of the output, with S_c the state
- *        at the chunk's start (3); rows >= n of a partial chunk are 0
- *                                                             [chunks][H][64][V]
+ *   sc:  the state at the start of each chunk (3)             [chunks][H][K][V]
  * Chunk c of the call's chunk table (plan: int32) is chunk chunk_local[c] of
  * item chunk_item[c] (rows row0 + 64 chunk_local ..); item i's chunks are
  * item_chunk0[i] .. + item_nchunks[i] - 1; n_chunks at plan_nchunks. Here
@@ -106,7 +104,7 @@ int kc_kda_chunk(const kc_kda_chunk_args *a, cudaStream_t s);
  * sstart each segment's true start state. */
 typedef struct {
     size_t plan_nchunks, status, item_chunk0, item_nchunks, item_nseg, item_seg0, chunk_item, chunk_local; /* int32 */
-    size_t q, k, v, g, beta, aqk, egl, o;   /* fp32 */
+    size_t q, k, v, g, beta, aqk, egl, sc;  /* fp32 */
     size_t segx, sstart;                    /* fp32, seq_split > 1 only: [max_segs][H][K][K+V], [max_segs][H][K][V] */
     int max_chunks, max_segs;
     size_t bytes;

@@ -56,13 +56,11 @@ using namespace nvcuda;
 #define KC_LDA 68    /* leading dimension of the 64 x 64 chunk matrices in shared memory */
 #define KC_THREADS 256
 #define KC_PREP_THREADS 128
-#define KC_SMEM_MAX 232448 /* dynamic shared memory per block, sm_90 (227 KiB) */
-#define KC_SMEM_SM 233472  /* shared memory per SM, sm_90 (228 KiB, 1 KiB of it reserved per block) */
 
 /* ---- the workspace, resolved to device pointers ---- */
 struct ChunkWs {
     int *nchunks, *status, *item_chunk0, *item_nchunks, *chunk_item, *chunk_local, *item_nseg, *item_seg0;
-    float *q, *k, *v, *g, *beta, *aqk, *egl, *o, *segx, *sstart;
+    float *q, *k, *v, *g, *beta, *aqk, *egl, *sc, *segx, *sstart;
     int max_chunks, max_segs, seq_split;
 };
 
@@ -102,7 +100,7 @@ extern "C" void kc_kda_chunk_layout_of(int T, int n_items, int H, int K, int V, 
     KC_PUT(beta, rows * 4);
     KC_PUT(aqk, rows * KC_CH * 4);
     KC_PUT(egl, maxc * H * K * 4);
-    KC_PUT(o, maxc * H * (size_t)KC_CH * V * 4);
+    KC_PUT(sc, maxc * H * (size_t)K * V * 4);
     KC_PUT(segx, maxs * H * (size_t)K * (K + V) * 4);
     KC_PUT(sstart, maxs * H * (size_t)K * V * 4);
 #undef KC_PUT
@@ -271,29 +269,6 @@ static __device__ __forceinline__ int log2i(int x) /* x a power of two */
     return r;
 }
 
-/* The device's fast exponential and division (ex2.approx, rcp.approx):
- * relative error ~1e-6 where the result is not negligible, against the
- * stages' tolerances of 1e-5 (prep, qg, kg) and above. The emulator runs the
- * accurate functions; the GPU test checks the difference. */
-static __device__ __forceinline__ float kc_fexp(float x)
-{
-#if defined(__CUDA_ARCH__)
-    return __expf(x);
-#else
-    return expf(x);
-#endif
-}
-static __device__ __forceinline__ float kc_fdiv(float x, float y)
-{
-#if defined(__CUDA_ARCH__)
-    return __fdividef(x, y); /* 0 for |y| > 2^126: silu / sigmoid of a large negative argument -> 0 */
-#else
-    return x / y;
-#endif
-}
-static __device__ __forceinline__ float kc_silu_fast(float x) { return kc_fdiv(x, 1.0f + kc_fexp(-x)); }
-static __device__ __forceinline__ float kc_sigmoid_fast(float x) { return kc_fdiv(1.0f, 1.0f + kc_fexp(-x)); }
-
 /* The chunk a block of the per-chunk stages works on (block-uniform). */
 struct ChunkPos {
     int item, chunk, n, row0; /* rows row0 .. row0 + n - 1, n in 1..64 */
@@ -448,7 +423,7 @@ __global__ void __launch_bounds__(KC_PREP_THREADS) kc_chunk_prep_kernel(kc_kda_c
                 if (r < n) {
                     const float s = ((wt[0] * xw[0] + wt[1] * xw[1]) + wt[2] * xw[2]) + wt[3] * xb[u];
                     xw[0] = xw[1], xw[1] = xw[2], xw[2] = xb[u];
-                    const float y = kc_silu_fast(s);
+                    const float y = siluf_(s);
                     if (part == 2)
                         dst[(size_t)r * V + ch] = y;
                     else
@@ -504,7 +479,15 @@ static __host__ __device__ int intra_smem_floats(int K)
     return KC_CH * KC_LDA + KC_CH + intra_region_y(K < 32 ? K : 32);
 }
 
-
+/* the emulator runs the accurate expf: the GPU test checks the difference */
+static __device__ __forceinline__ float kc_fexp(float x)
+{
+#if defined(__CUDA_ARCH__)
+    return __expf(x);
+#else
+    return expf(x);
+#endif
+}
 
 template <int MODE, int BK>
 __global__ void __launch_bounds__(KC_THREADS, MODE == KC_KDA_GEMM_TF32 ? 3 : 1)
@@ -815,11 +798,9 @@ static __device__ bool recur_job(const kc_kda_chunk_args &a, const ChunkWs &w, i
 }
 
 /* Shared memory (floats): X [K][LDV], Vnew [64][LDV], then nbuf (1 or 2)
- * buffers of { W [64][K+4], kg [64][K+8], U [64][LDV], exp(Gam_last) [K] },
- * then qg [64][K+4] (one buffer: chunk c + 1's is loaded once chunk c's
- * Vnew and O products have read it). With 2, chunk c + 1's loads (cp.async)
- * are in flight while chunk c computes; with 1, a second block on the SM
- * (less shared memory) hides them.
+ * buffers of { W [64][K+4], kg [64][K+8], U [64][LDV], exp(Gam_last) [K] }.
+ * With 2, chunk c + 1's loads (cp.async) are in flight while chunk c
+ * computes; with 1, a second block on the SM (half the shared memory) hides them.
  * Strides against bank conflicts of the fragment loads: a row-major A operand
  * (W) wants ld = 4 mod 32, a col-major A (kg^T) and a row-major B (X, Vnew)
  * ld = 8 mod 32 (BV = 64 keeps +4 so that two buffers fit). */
@@ -827,7 +808,7 @@ static __host__ __device__ int recur_ldv(int BV) { return BV + (BV < 64 ? 8 : 4)
 static __host__ __device__ int recur_smem_floats(int K, int BV, int nbuf)
 {
     const int LDV = recur_ldv(BV);
-    return (K + KC_CH) * LDV + nbuf * (KC_CH * (K + 4) + KC_CH * (K + 8) + KC_CH * LDV + K) + KC_CH * (K + 4);
+    return (K + KC_CH) * LDV + nbuf * (KC_CH * (K + 4) + KC_CH * (K + 8) + KC_CH * LDV + K);
 }
 
 template <int MODE>
@@ -869,16 +850,6 @@ __global__ void __launch_bounds__(KC_THREADS) kc_chunk_recur_kernel(kc_kda_chunk
         }
         for (int e = tid; e < k4; e += KC_THREADS) cp_async16(egb + 4 * e, w.egl + ((size_t)(gc0 + ci) * H + h) * K + 4 * e, true);
     };
-    float *qg_b = buf0 + nbuf * bufsz; /* [64][LDK] */
-    auto issue_qg = [&](int ci) {
-        const int n = min(KC_CH, nt - KC_CH * ci), k4 = K / 4;
-        const float *qgg = w.q + ((size_t)h * T + irow0 + KC_CH * ci) * K;
-        for (int e = tid; e < KC_CH * k4; e += KC_THREADS) {
-            const int r = e >> ksh, q = e & (k4 - 1);
-            const bool ok = r < n;
-            cp_async16(qg_b + r * LDK + 4 * q, qgg + (size_t)(ok ? r : 0) * K + 4 * q, ok);
-        }
-    };
 
     float *Sg = a.state + (size_t)a.item_slot[item] * a.slot_stride + (size_t)h * K * V + (has_u ? jb.vcol : 0);
     const float *Xs = w.sstart + ((size_t)jb.seg * H + h) * K * V + (has_u ? jb.vcol : 0);
@@ -891,9 +862,8 @@ __global__ void __launch_bounds__(KC_THREADS) kc_chunk_recur_kernel(kc_kda_chunk
         S_s[d * LDV + c] = x;
     }
     issue(jb.c0, 0);
-    if (jb.out) issue_qg(jb.c0);
     cp_async_commit();
-    const int nvt = BV / 16, nv = 4 * nvt;
+    const int nvt = BV / 16;
     for (int ci = jb.c0; ci < jb.c1; ci++) {
         int b = 0;
         if (nbuf == 2) {
@@ -908,26 +878,19 @@ __global__ void __launch_bounds__(KC_THREADS) kc_chunk_recur_kernel(kc_kda_chunk
         __syncthreads(); /* everyone's copies, and X from the previous chunk */
         const float *Wb = buf0 + b * bufsz, *kgb = Wb + KC_CH * LDK, *Ub = kgb + KC_CH * LDG, *egb = Ub + KC_CH * LDV;
         const int n = min(KC_CH, nt - KC_CH * ci), row0 = irow0 + KC_CH * ci;
-        /* Vnew = U - W X (tiles 0 .. nv-1) and, for the output stage, O = qg X
-         * (tiles nv .. 2 nv - 1: the idle warps at BV = 16), X the state at
-         * the chunk's start. O goes straight to its [64][V] block of the chunk
-         * (rows >= n are zeros there: qg's rows are). */
-        for (int t = warp; t < (jb.out ? 2 * nv : nv); t += KC_THREADS / 32) {
-            Acc<MODE> acc;
-            if (t < nv) {
-                const int mi = t / nvt, ni = t % nvt;
-                acc.load(Ub + 16 * mi * LDV + 16 * ni, LDV);
-                acc.template mma<true, true>(Wb + 16 * mi * LDK, LDK, S_s + 16 * ni, LDV, K, true);
-                acc.store(Vn_s + 16 * mi * LDV + 16 * ni, LDV);
-            } else {
-                const int mi = (t - nv) / nvt, ni = (t - nv) % nvt;
-                acc.zero();
-                acc.template mma<true, true>(qg_b + 16 * mi * LDK, LDK, S_s + 16 * ni, LDV, K, false);
-                acc.store(w.o + (((size_t)(gc0 + ci) * H + h) * KC_CH + 16 * mi) * V + jb.vcol + 16 * ni, V);
-            }
+        if (jb.out) { /* the state at the chunk's start, for the output stage */
+            float *scg = w.sc + ((size_t)(gc0 + ci) * H + h) * K * V + jb.vcol;
+            for (int e = tid; e < K * BV; e += KC_THREADS) scg[(size_t)(e >> bsh) * V + (e & (BV - 1))] = S_s[(e >> bsh) * LDV + (e & (BV - 1))];
         }
-        __syncthreads(); /* Vnew complete; X and qg no longer read */
-        if (jb.out && ci + 1 < jb.c1) issue_qg(ci + 1), cp_async_commit();
+        /* Vnew = U - W X */
+        for (int t = warp; t < 4 * nvt; t += KC_THREADS / 32) {
+            const int mi = t / nvt, ni = t % nvt;
+            Acc<MODE> acc;
+            acc.load(Ub + 16 * mi * LDV + 16 * ni, LDV);
+            acc.template mma<true, true>(Wb + 16 * mi * LDK, LDK, S_s + 16 * ni, LDV, K, true);
+            acc.store(Vn_s + 16 * mi * LDV + 16 * ni, LDV);
+        }
+        __syncthreads(); /* Vnew complete; X no longer read */
         if (jb.out) { /* in place of U (already in shared memory) */
             float *vng = w.v + ((size_t)h * T + row0) * V + jb.vcol;
             for (int e = tid; e < n * BV; e += KC_THREADS) vng[(size_t)(e >> bsh) * V + (e & (BV - 1))] = Vn_s[(e >> bsh) * LDV + (e & (BV - 1))];
@@ -1011,13 +974,16 @@ __global__ void __launch_bounds__(KC_THREADS) kc_chunk_combine_kernel(kc_kda_chu
 }
 
 /* ---- out: block per (chunk, head), all V columns ----
- * O = (qg S_c, from the recurrence) + Aqk Vnew. Shared memory (floats):
- * Aqk [64][68], Vnew [64][V+8] (then O): 52 KB at V = 128, four blocks per
- * SM. Warp w owns output tiles w, w + 8, ... (<= 4). */
+ * Three phases through one shared region, so that three blocks fit an SM
+ * (the stage is latency-bound: one block's loads overlap the others'
+ * products): qg [64][K+4] and the first K/2 rows of S_c [K/2][V+8], then the
+ * other K/2 rows in their place, for O = qg S_c; then Aqk [64][68] and Vnew
+ * [64][V+8] (then O) for O += Aqk Vnew. Warp w owns output tiles w, w + 8,
+ * ... (<= 4), accumulated in registers across the phases. */
 static __host__ __device__ int out_smem_floats(int K, int V)
 {
-    (void)K;
-    return KC_CH * KC_LDA + KC_CH * (V + 8);
+    const int a = KC_CH * (K + 4) + K / 2 * (V + 8), b = KC_CH * KC_LDA + KC_CH * (V + 8);
+    return a > b ? a : b;
 }
 
 template <int MODE>
@@ -1028,13 +994,53 @@ __global__ void __launch_bounds__(KC_THREADS) kc_chunk_out_kernel(kc_kda_chunk_a
     ChunkPos cp;
     if (!chunk_pos(a, w, blockIdx.x, &cp)) return;
     const int h = blockIdx.y, n = cp.n, row0 = cp.row0;
-    /* ld = 8 mod 32 for the row-major B operand (Vnew): no bank conflicts */
-    const int H = a.H, K = a.K, V = a.V, HK = H * K, HV = H * V, LDV = V + 8;
+    /* ld = 8 mod 32 for the row-major B operands (S_c, Vnew): no bank conflicts */
+    const int H = a.H, K = a.K, V = a.V, HK = H * K, HV = H * V, LDK = K + 4, LDV = V + 8, KH = K / 2;
     const size_t T = a.T;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     KC_DYNAMIC_SMEM(sm);
-    float *aq_s = sm, *vn_s = aq_s + KC_CH * KC_LDA;
-    const int v4 = V / 4, vsh = log2i(v4); /* a power of two */
+    float *qg_s = sm, *sc_s = qg_s + KC_CH * LDK; /* phases 1, 2 */
+    float *aq_s = sm, *vn_s = aq_s + KC_CH * KC_LDA; /* phase 3 */
+    const int k4 = K / 4, v4 = V / 4, ksh = log2i(k4), vsh = log2i(v4); /* powers of two */
+    const float *sc = w.sc + ((size_t)blockIdx.x * H + h) * K * V;
+    auto load_sc = [&](int half) {
+        for (int e = tid; e < KH * v4; e += KC_THREADS) {
+            const int r = e >> vsh, q = e & (v4 - 1);
+            cp_async16(sc_s + r * LDV + 4 * q, sc + (size_t)(half * KH + r) * V + 4 * q, true);
+        }
+    };
+    {
+        const float *qg = w.q + ((size_t)h * T + row0) * K;
+        for (int e = tid; e < KC_CH * k4; e += KC_THREADS) {
+            const int r = e >> ksh, q = e & (k4 - 1);
+            cp_async16(qg_s + r * LDK + 4 * q, qg + (size_t)(r < n ? r : 0) * K + 4 * q, r < n);
+        }
+        load_sc(0);
+        cp_async_commit();
+        cp_async_wait<0>();
+    }
+    __syncthreads();
+    const int nvt = V / 16, ntile = 4 * nvt; /* V <= 128: <= 32 tiles, <= 4 per warp */
+    Acc<MODE> acc[4];
+    for (int half = 0; half < 2; half++) {
+        if (half) {
+            __syncthreads(); /* the first half of S_c read */
+            load_sc(1);
+            cp_async_commit();
+            cp_async_wait<0>();
+            __syncthreads();
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int t = warp + 8 * i;
+            if (t < ntile) {
+                const int mi = t / nvt, ni = t % nvt;
+                if (!half) acc[i].zero();
+                acc[i].template mma<true, true>(qg_s + 16 * mi * LDK + half * KH, LDK, sc_s + 16 * ni, LDV, KH, false);
+            }
+        }
+    }
+    __syncthreads(); /* qg and S_c read: phase 3 takes their place */
     {
         const float *vn = w.v + ((size_t)h * T + row0) * V, *aq = w.aqk + ((size_t)h * T + row0) * KC_CH;
         for (int e = tid; e < KC_CH * v4; e += KC_THREADS) {
@@ -1046,16 +1052,8 @@ __global__ void __launch_bounds__(KC_THREADS) kc_chunk_out_kernel(kc_kda_chunk_a
             cp_async16(aq_s + r * KC_LDA + 4 * q, aq + (size_t)(r < n ? r : 0) * KC_CH + 4 * q, r < n);
         }
         cp_async_commit();
+        cp_async_wait<0>();
     }
-    const int nvt = V / 16, ntile = 4 * nvt; /* V <= 128: <= 32 tiles, <= 4 per warp */
-    const float *og = w.o + ((size_t)blockIdx.x * H + h) * KC_CH * V;
-    Acc<MODE> acc[4];
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const int t = warp + 8 * i;
-        if (t < ntile) acc[i].load(og + (size_t)16 * (t / nvt) * V + 16 * (t % nvt), V);
-    }
-    cp_async_wait<0>();
     __syncthreads();
 #pragma unroll
     for (int i = 0; i < 4; i++) {
@@ -1083,7 +1081,7 @@ __global__ void __launch_bounds__(KC_THREADS) kc_chunk_out_kernel(kc_kda_chunk_a
         const float *G = a.lowrank + row * (HK + HV) + HK + h * V;
         for (int j = lane; j < V; j += 32) {
             const float gt = G[j] + (a.g_bias ? a.g_bias[h * V + j] : 0.0f);
-            ((bf16 *)a.y)[row * a.ldy + h * V + j] = f2bf(o[j] * rn * a.onorm[j] * kc_sigmoid_fast(gt));
+            ((bf16 *)a.y)[row * a.ldy + h * V + j] = f2bf(o[j] * rn * a.onorm[j] * sigmoidf_(gt));
         }
     }
 }
@@ -1218,17 +1216,7 @@ extern "C" int kc_kda_chunk(const kc_kda_chunk_args *a, cudaStream_t s)
     if (!a->bv && split)
         while (K % bv) bv /= 2; /* the transition's identity columns come in blocks of bv */
     if (bv > V || (split && K % bv)) return -1;
-    /* recurrence buffers: 2 (next chunk's loads in flight, one block per SM)
-     * while the blocks fit one wave, or where one buffer would not let two
-     * blocks share an SM; else 1, two blocks per SM (H200, H = 16, before
-     * the recurrence took qg: 8 x 2048 0.96 -> 0.79 ms, 4 x 8192 1.83 ->
-     * 1.56; at 1 x 2048 and 1 x 8192, 128 blocks, 2 buffers 1.5x faster).
-     * 1 also where 2 do not fit (BV = 64 at K = 128). */
-    const long recur_blocks = (long)a->n_items * H * (split ? (K + V) / bv * split : V / bv);
-    const bool two_per_sm = 2 * ((size_t)recur_smem_floats(K, bv, 1) * 4 + 1024) <= KC_SMEM_SM;
-    int nbuf = a->recur_buffers ? a->recur_buffers : recur_blocks > sm_count() && two_per_sm ? 1 : 2;
-    if (!a->recur_buffers && (size_t)recur_smem_floats(K, bv, nbuf) * 4 > KC_SMEM_MAX) nbuf = 1;
-    if ((size_t)recur_smem_floats(K, bv, nbuf) * 4 > KC_SMEM_MAX) return -1;
+    const int nbuf = a->recur_buffers ? a->recur_buffers : 2;
     char *base = (char *)a->work;
     ChunkWs w;
     w.nchunks = (int *)(base + L.plan_nchunks);
@@ -1246,7 +1234,7 @@ extern "C" int kc_kda_chunk(const kc_kda_chunk_args *a, cudaStream_t s)
     w.beta = (float *)(base + L.beta);
     w.aqk = (float *)(base + L.aqk);
     w.egl = (float *)(base + L.egl);
-    w.o = (float *)(base + L.o);
+    w.sc = (float *)(base + L.sc);
     w.segx = (float *)(base + L.segx);
     w.sstart = (float *)(base + L.sstart);
     w.max_chunks = L.max_chunks;
