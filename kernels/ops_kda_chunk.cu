@@ -56,6 +56,7 @@ using namespace nvcuda;
 #define KC_LDA 68    /* leading dimension of the 64 x 64 chunk matrices in shared memory */
 #define KC_THREADS 256
 #define KC_PREP_THREADS 128
+#define KC_SMEM_SM 233472 /* shared memory per SM, sm_90 (228 KiB, 1 KiB of it reserved per block) */
 
 /* ---- the workspace, resolved to device pointers ---- */
 struct ChunkWs {
@@ -1216,7 +1217,15 @@ extern "C" int kc_kda_chunk(const kc_kda_chunk_args *a, cudaStream_t s)
     if (!a->bv && split)
         while (K % bv) bv /= 2; /* the transition's identity columns come in blocks of bv */
     if (bv > V || (split && K % bv)) return -1;
-    const int nbuf = a->recur_buffers ? a->recur_buffers : 2;
+    /* recurrence buffers: 2 (chunk c + 1's loads in flight, one block per SM)
+     * while the blocks fit one wave, or where one buffer would not let two
+     * blocks share an SM; else 1, two blocks per SM. H200, H = 16 (bench):
+     * 8 x 2048 (512 blocks of BV = 32) 0.96 -> 0.79 ms, 4 x 8192 (256)
+     * 1.83 -> 1.56 with 1; 1 x 2048 and 1 x 8192 (128 blocks of BV = 16)
+     * 1.5x faster with 2. */
+    const long recur_blocks = (long)a->n_items * H * (split ? (K + V) / bv * split : V / bv);
+    const bool two_per_sm = 2 * ((size_t)recur_smem_floats(K, bv, 1) * 4 + 1024) <= KC_SMEM_SM;
+    const int nbuf = a->recur_buffers ? a->recur_buffers : recur_blocks > sm_count() && two_per_sm ? 1 : 2;
     char *base = (char *)a->work;
     ChunkWs w;
     w.nchunks = (int *)(base + L.plan_nchunks);
