@@ -56,6 +56,7 @@ using namespace nvcuda;
 #define KC_LDA 68    /* leading dimension of the 64 x 64 chunk matrices in shared memory */
 #define KC_THREADS 256
 #define KC_PREP_THREADS 128
+#define KC_SMEM_SM 233472 /* shared memory per SM, sm_90 (228 KiB, 1 KiB of it reserved per block) */
 
 /* ---- the workspace, resolved to device pointers ---- */
 struct ChunkWs {
@@ -450,50 +451,80 @@ __global__ void __launch_bounds__(KC_PREP_THREADS) kc_chunk_prep_kernel(kc_kda_c
     }
     __syncthreads();
     const float scale = part == 0 ? 1.0f / sqrtf((float)K) : 1.0f;
-    for (int e = threadIdx.x; e < n * K; e += KC_PREP_THREADS) dst[e] = x_s[e] * inv_s[e / K] * scale;
+    const int kshift = log2i(K);
+    for (int e = threadIdx.x; e < n * K; e += KC_PREP_THREADS) dst[e] = x_s[e] * inv_s[e >> kshift] * scale;
 }
 
 /* ---- intra: block per (chunk, head) ----
- * Shared memory (floats): L, Aqk, Ai [64][68]; k, q, Gam slices [64][BK+4]
- * (BK = min(K, 32) channels at a time); scratch [112][BK+4] (the two
- * factors of the off-diagonal sub-blocks, later the right-hand sides and
- * the Ai blocks' products); beta [64]. */
+ * Shared memory (floats), in two regions so that three blocks fit an SM:
+ *   Ai [64][68], beta [64];
+ *   region Y, in turn: the k, q, Gam slices [64][BK+4] (BK = min(K, 32)
+ *   channels at a time) and scratch [112][BK+4] (the two factors of the
+ *   off-diagonal sub-blocks; later the right-hand sides [64][BK+8]); after
+ *   pass 1, L and Aqk [64][68] and the solve's products [768].
+ * The off-diagonal sub-blocks of L and Aqk accumulate over the K slices in
+ * registers (12 tiles, <= 2 per warp) and the diagonal ones per thread, so
+ * neither matrix lives in shared memory while the slices do. BK is a
+ * template parameter: the kernel is bound by its instruction issue, so
+ * index arithmetic is shifts and loads are 16 bytes wide. Exponentials of
+ * non-positive arguments through __expf (ex2.approx: relative error ~1e-6
+ * where the result is not negligible, far under the tf32 products it feeds;
+ * the stage-2 test of qg and kg at 1e-5 covers it). */
+static __host__ __device__ int intra_region_y(int BK)
+{
+    const int a = 3 * KC_CH * (BK + 4) + 112 * (BK + 4), b = 2 * KC_CH * KC_LDA + 768;
+    return a > b ? a : b;
+}
 static __host__ __device__ int intra_smem_floats(int K)
 {
-    const int LDS = (K < 32 ? K : 32) + 4;
-    return 3 * KC_CH * KC_LDA + 3 * KC_CH * LDS + 112 * LDS + KC_CH;
+    return KC_CH * KC_LDA + KC_CH + intra_region_y(K < 32 ? K : 32);
 }
 
-template <int MODE>
-__global__ void __launch_bounds__(KC_THREADS) kc_chunk_intra_kernel(kc_kda_chunk_args a, ChunkWs w)
+/* the emulator runs the accurate expf: the GPU test checks the difference */
+static __device__ __forceinline__ float kc_fexp(float x)
+{
+#if defined(__CUDA_ARCH__)
+    return __expf(x);
+#else
+    return expf(x);
+#endif
+}
+
+template <int MODE, int BK>
+__global__ void __launch_bounds__(KC_THREADS, MODE == KC_KDA_GEMM_TF32 ? 3 : 1)
+    kc_chunk_intra_kernel(kc_kda_chunk_args a, ChunkWs w)
 {
     KC_PDL_WAIT();
     KC_PDL_TRIGGER();
     ChunkPos cp;
     if (!chunk_pos(a, w, blockIdx.x, &cp)) return;
+    constexpr int LDS = BK + 4, LDR = BK + 8, B4 = BK / 4, B4SH = BK == 16 ? 2 : 3, BSH = BK == 16 ? 4 : 5;
+    static_assert(BK == 16 || BK == 32, "slice width");
     const int h = blockIdx.y, n = cp.n, row0 = cp.row0;
-    const int K = a.K, V = a.V, BK = K < 32 ? K : 32, LDS = BK + 4;
+    const int K = a.K, V = a.V;
     const size_t T = a.T;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     KC_DYNAMIC_SMEM(sm);
-    float *L_s = sm, *A_s = L_s + KC_CH * KC_LDA, *Ai_s = A_s + KC_CH * KC_LDA;
-    float *k_s = Ai_s + KC_CH * KC_LDA, *q_s = k_s + KC_CH * LDS, *g_s = q_s + KC_CH * LDS;
+    float *Ai_s = sm, *beta_s = Ai_s + KC_CH * KC_LDA, *Y = beta_s + KC_CH;
+    float *k_s = Y, *q_s = k_s + KC_CH * LDS, *g_s = q_s + KC_CH * LDS;
     float *ka = g_s + KC_CH * LDS, *qa = ka + 48 * LDS, *kb = qa + 48 * LDS; /* ka..qa: 96 rows */
-    float *beta_s = kb + 16 * LDS;
+    float *L_s = Y, *A_s = L_s + KC_CH * KC_LDA, *tmp = A_s + KC_CH * KC_LDA; /* after pass 1 */
     const float *kin = w.k + ((size_t)h * T + row0) * K, *qin = w.q + ((size_t)h * T + row0) * K;
     const float *gin = w.g + ((size_t)h * T + row0) * K;
 
-    for (int e = tid; e < 3 * KC_CH * KC_LDA; e += KC_THREADS) sm[e] = 0.0f;
+    /* Ai's blocks above the diagonal stay zero (W and U read the whole matrix) */
+    for (int e = tid; e < KC_CH * KC_LDA / 4; e += KC_THREADS) ((float4 *)Ai_s)[e] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     for (int r = tid; r < KC_CH; r += KC_THREADS) beta_s[r] = r < n ? w.beta[(size_t)h * T + row0 + r] : 0.0f;
     /* rows >= n: k = q = 0 and Gam = Gam[n-1], so they add nothing and every
      * exponent stays <= 0 */
     auto load_slice = [&](int ks) {
-        for (int e = tid; e < KC_CH * BK; e += KC_THREADS) {
-            const int r = e / BK, d = e % BK;
+        for (int e = tid; e < KC_CH * B4; e += KC_THREADS) {
+            const int r = e >> B4SH, d = (e & (B4 - 1)) * 4;
             const size_t o = (size_t)(r < n ? r : n - 1) * K + ks * BK + d;
-            k_s[r * LDS + d] = r < n ? kin[o] : 0.0f;
-            q_s[r * LDS + d] = r < n ? qin[o] : 0.0f;
-            g_s[r * LDS + d] = gin[o];
+            const float4 z = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            *(float4 *)(k_s + r * LDS + d) = r < n ? *(const float4 *)(kin + o) : z;
+            *(float4 *)(q_s + r * LDS + d) = r < n ? *(const float4 *)(qin + o) : z;
+            *(float4 *)(g_s + r * LDS + d) = *(const float4 *)(gin + o);
         }
     };
 
@@ -512,6 +543,19 @@ __global__ void __launch_bounds__(KC_THREADS) kc_chunk_intra_kernel(kc_kda_chunk
             ps[i] = 16 * (p / 136) + l;
         }
     }
+    /* The 12 off-diagonal tiles (column block j, row tile mi below it, of L
+     * or Aqk), at most two per warp and those of one j on different warps:
+     * j = 0 (6 tiles) on warps 0..5 (slot 0), j = 1 (4) on warps 6, 7, 0, 1
+     * and j = 2 (2) on warps 2, 3 (slot 1). */
+    Acc<MODE> acc0, acc1;
+    acc0.zero();
+    acc1.zero();
+    const bool has0 = warp < 6, isq0 = warp >= 3;
+    const int mi0 = warp % 3;
+    const int j1 = warp >= 6 || warp < 2 ? 1 : warp < 4 ? 2 : -1;
+    const int u1 = j1 == 1 ? (warp + 2) & 7 : warp - 2; /* j1 = 1: 0..3; j1 = 2: 0..1 */
+    const bool isq1 = j1 == 1 ? u1 >= 2 : u1 == 1;
+    const int mi1 = j1 == 1 ? (u1 & 1) : 0;
 
     /* pass 1: L (before beta) and Aqk */
     for (int ks = 0; ks < K / BK; ks++) {
@@ -523,10 +567,14 @@ __global__ void __launch_bounds__(KC_THREADS) kc_chunk_intra_kernel(kc_kda_chunk
             const float *kr = k_s + pr[i] * LDS, *qr = q_s + pr[i] * LDS, *gr = g_s + pr[i] * LDS;
             const float *ks_ = k_s + ps[i] * LDS, *gs = g_s + ps[i] * LDS;
             float sk = 0.0f, sq = 0.0f;
-            for (int d = 0; d < BK; d++) {
-                const float ke = ks_[d] * expf(gr[d] - gs[d]);
-                sk += kr[d] * ke;
-                sq += qr[d] * ke;
+#pragma unroll
+            for (int d = 0; d < BK; d += 4) {
+                const float4 k4 = *(const float4 *)(ks_ + d), g4 = *(const float4 *)(gs + d);
+                const float4 gr4 = *(const float4 *)(gr + d), kr4 = *(const float4 *)(kr + d), qr4 = *(const float4 *)(qr + d);
+                const float e0 = k4.x * kc_fexp(gr4.x - g4.x), e1 = k4.y * kc_fexp(gr4.y - g4.y);
+                const float e2 = k4.z * kc_fexp(gr4.z - g4.z), e3 = k4.w * kc_fexp(gr4.w - g4.w);
+                sk += kr4.x * e0 + kr4.y * e1 + kr4.z * e2 + kr4.w * e3;
+                sq += qr4.x * e0 + qr4.y * e1 + qr4.z * e2 + qr4.w * e3;
             }
             dk[i] += sk;
             dq[i] += sq;
@@ -535,29 +583,29 @@ __global__ void __launch_bounds__(KC_THREADS) kc_chunk_intra_kernel(kc_kda_chunk
             const int R0 = 16 * (j + 1), M = KC_CH - R0;
             const float *gref = g_s + (16 * j + 15) * LDS;
             for (int e = tid; e < M * BK; e += KC_THREADS) {
-                const int i = e / BK, d = e % BK;
-                const float x = expf(g_s[(R0 + i) * LDS + d] - gref[d]);
+                const int i = e >> BSH, d = e & (BK - 1);
+                const float x = kc_fexp(g_s[(R0 + i) * LDS + d] - gref[d]);
                 ka[i * LDS + d] = k_s[(R0 + i) * LDS + d] * x;
                 qa[i * LDS + d] = q_s[(R0 + i) * LDS + d] * x;
             }
             for (int e = tid; e < 16 * BK; e += KC_THREADS) {
-                const int s = e / BK, d = e % BK;
-                kb[s * LDS + d] = k_s[(16 * j + s) * LDS + d] * expf(gref[d] - g_s[(16 * j + s) * LDS + d]);
+                const int s = e >> BSH, d = e & (BK - 1);
+                kb[s * LDS + d] = k_s[(16 * j + s) * LDS + d] * kc_fexp(gref[d] - g_s[(16 * j + s) * LDS + d]);
             }
             __syncthreads();
-            const int nt = M / 16; /* tiles below block j, per matrix */
-            if (warp < 2 * nt) {
-                const bool isq = warp >= nt;
-                const int mi = isq ? warp - nt : warp;
-                float *dst = (isq ? A_s : L_s) + (R0 + 16 * mi) * KC_LDA + 16 * j;
-                Acc<MODE> acc;
-                acc.load(dst, KC_LDA);
-                acc.template mma<true, false>((isq ? qa : ka) + 16 * mi * LDS, LDS, kb, LDS, BK, false);
-                acc.store(dst, KC_LDA);
-            }
-            __syncthreads();
+            if (j == 0 && has0)
+                acc0.template mma<true, false>((isq0 ? qa : ka) + 16 * mi0 * LDS, LDS, kb, LDS, BK, false);
+            if (j > 0 && j1 == j)
+                acc1.template mma<true, false>((isq1 ? qa : ka) + 16 * mi1 * LDS, LDS, kb, LDS, BK, false);
+            __syncthreads(); /* the factors and (last j) the slices are free */
         }
     }
+    /* L and Aqk into region Y (the slices are dead): zeros above the
+     * diagonal of Aqk (stored whole), the tiles, the diagonal sub-blocks */
+    for (int e = tid; e < KC_CH * KC_LDA / 4; e += KC_THREADS) ((float4 *)A_s)[e] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    __syncthreads();
+    if (has0) acc0.store((isq0 ? A_s : L_s) + (16 + 16 * mi0) * KC_LDA, KC_LDA);
+    if (j1 > 0) acc1.store((isq1 ? A_s : L_s) + (16 * (j1 + 1) + 16 * mi1) * KC_LDA + 16 * j1, KC_LDA);
 #pragma unroll
     for (int i = 0; i < 3; i++) {
         if (pr[i] < 0) continue;
@@ -566,6 +614,9 @@ __global__ void __launch_bounds__(KC_THREADS) kc_chunk_intra_kernel(kc_kda_chunk
     }
     __syncthreads();
     for (int e = tid; e < KC_CH * KC_CH; e += KC_THREADS) L_s[(e >> 6) * KC_LDA + (e & 63)] *= beta_s[e >> 6];
+    for (int e = tid; e < n * (KC_CH / 4); e += KC_THREADS)
+        *(float4 *)(w.aqk + ((size_t)h * T + row0 + (e >> 4)) * KC_CH + (e & 15) * 4) =
+            *(const float4 *)(A_s + (e >> 4) * KC_LDA + (e & 15) * 4);
     __syncthreads();
 
     /* Ai = (I + L)^-1. Diagonal blocks: forward substitution, lane c of
@@ -586,13 +637,13 @@ __global__ void __launch_bounds__(KC_THREADS) kc_chunk_intra_kernel(kc_kda_chunk
     __syncthreads();
     /* Off-diagonal blocks by distance from the diagonal:
      * Ai_ij = -Ai_ii sum_{m=j}^{i-1} L_im Ai_mj (every Ai_mj is nearer). */
-    float *tmp = ka;
     for (int dist = 1; dist < 4; dist++) {
         const int np = 4 - dist;
         for (int e = tid; e < np * 256; e += KC_THREADS) {
             const int i = dist + e / 256, j = i - dist, rr = (e >> 4) & 15, cc = e & 15;
             float s = 0.0f;
             for (int m = j; m < i; m++)
+#pragma unroll
                 for (int t = 0; t < 16; t++)
                     s += L_s[(16 * i + rr) * KC_LDA + 16 * m + t] * Ai_s[(16 * m + t) * KC_LDA + 16 * j + cc];
             tmp[e] = s;
@@ -601,28 +652,35 @@ __global__ void __launch_bounds__(KC_THREADS) kc_chunk_intra_kernel(kc_kda_chunk
         for (int e = tid; e < np * 256; e += KC_THREADS) {
             const int i = dist + e / 256, j = i - dist, rr = (e >> 4) & 15, cc = e & 15;
             float s = 0.0f;
+#pragma unroll
             for (int t = 0; t < 16; t++) s += Ai_s[(16 * i + rr) * KC_LDA + 16 * i + t] * tmp[(e & ~255) + t * 16 + cc];
             Ai_s[(16 * i + rr) * KC_LDA + 16 * j + cc] = -s;
         }
         __syncthreads();
     }
 
-    /* pass 2, per K slice: qg, kg, exp(Gam_last) out; W = Ai (beta k exp(Gam)) */
-    float *rhs = ka;   /* [64][LDS] */
+    /* pass 2, per K slice (region Y holds the slices again: L and Aqk are
+     * dead): qg, kg, exp(Gam_last) out; W = Ai (beta k exp(Gam)). The
+     * right-hand sides (a row-major B operand) at ld = BK + 8: no bank conflicts. */
+    float *rhs = ka;   /* [64][LDR] (<= 112 x LDS) */
     float *stage = q_s; /* product tile staging, free once qg is out */
-    const int nct = BK / 16;
+    constexpr int nct = BK / 16;
     for (int ks = 0; ks < K / BK; ks++) {
         load_slice(ks);
         __syncthreads();
         const float *glast = g_s + (n - 1) * LDS;
-        for (int e = tid; e < KC_CH * BK; e += KC_THREADS) {
-            const int r = e / BK, d = e % BK;
-            const float gv = g_s[r * LDS + d], kv = k_s[r * LDS + d];
-            rhs[r * LDS + d] = beta_s[r] * kv * expf(gv);
+        for (int e = tid; e < KC_CH * B4; e += KC_THREADS) {
+            const int r = e >> B4SH, d = (e & (B4 - 1)) * 4;
+            const float4 gv = *(const float4 *)(g_s + r * LDS + d), kv = *(const float4 *)(k_s + r * LDS + d);
+            const float4 qv = *(const float4 *)(q_s + r * LDS + d), gl = *(const float4 *)(glast + d);
+            const float4 eg = make_float4(kc_fexp(gv.x), kc_fexp(gv.y), kc_fexp(gv.z), kc_fexp(gv.w));
+            const float b = beta_s[r];
+            *(float4 *)(rhs + r * LDR + d) = make_float4(b * kv.x * eg.x, b * kv.y * eg.y, b * kv.z * eg.z, b * kv.w * eg.w);
             if (r < n) {
                 const size_t o = ((size_t)h * T + row0 + r) * K + ks * BK + d;
-                w.q[o] = q_s[r * LDS + d] * expf(gv);
-                w.k[o] = kv * expf(glast[d] - gv);
+                *(float4 *)(w.q + o) = make_float4(qv.x * eg.x, qv.y * eg.y, qv.z * eg.z, qv.w * eg.w);
+                *(float4 *)(w.k + o) = make_float4(kv.x * kc_fexp(gl.x - gv.x), kv.y * kc_fexp(gl.y - gv.y),
+                                                   kv.z * kc_fexp(gl.z - gv.z), kv.w * kc_fexp(gl.w - gv.w));
             }
         }
         if (tid < BK) w.egl[((size_t)blockIdx.x * a.H + h) * K + ks * BK + tid] = expf(glast[tid]);
@@ -631,40 +689,44 @@ __global__ void __launch_bounds__(KC_THREADS) kc_chunk_intra_kernel(kc_kda_chunk
             const int mi = warp / nct, ni = warp % nct;
             Acc<MODE> acc;
             acc.zero();
-            acc.template mma<true, true>(Ai_s + 16 * mi * KC_LDA, KC_LDA, rhs + 16 * ni, LDS, KC_CH, false);
+            acc.template mma<true, true>(Ai_s + 16 * mi * KC_LDA, KC_LDA, rhs + 16 * ni, LDR, KC_CH, false);
             acc.store(stage + 16 * mi * LDS + 16 * ni, LDS);
         }
         __syncthreads();
-        for (int e = tid; e < n * BK; e += KC_THREADS) {
-            const int r = e / BK, d = e % BK;
-            w.g[((size_t)h * T + row0 + r) * K + ks * BK + d] = stage[r * LDS + d];
+        for (int e = tid; e < n * B4; e += KC_THREADS) {
+            const int r = e >> B4SH, d = (e & (B4 - 1)) * 4;
+            *(float4 *)(w.g + ((size_t)h * T + row0 + r) * K + ks * BK + d) = *(const float4 *)(stage + r * LDS + d);
         }
         __syncthreads();
     }
     /* U = Ai (beta v), BK value columns at a time, in place of v */
     for (int vs = 0; vs < V / BK; vs++) {
         float *vio = w.v + ((size_t)h * T + row0) * V + vs * BK;
-        for (int e = tid; e < KC_CH * BK; e += KC_THREADS) {
-            const int r = e / BK, d = e % BK;
-            rhs[r * LDS + d] = r < n ? beta_s[r] * vio[(size_t)r * V + d] : 0.0f;
+        for (int e = tid; e < KC_CH * B4; e += KC_THREADS) {
+            const int r = e >> B4SH, d = (e & (B4 - 1)) * 4;
+            float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (r < n) {
+                const float4 v4 = *(const float4 *)(vio + (size_t)r * V + d);
+                const float b = beta_s[r];
+                x = make_float4(b * v4.x, b * v4.y, b * v4.z, b * v4.w);
+            }
+            *(float4 *)(rhs + r * LDR + d) = x;
         }
         __syncthreads();
         if (warp < 4 * nct) {
             const int mi = warp / nct, ni = warp % nct;
             Acc<MODE> acc;
             acc.zero();
-            acc.template mma<true, true>(Ai_s + 16 * mi * KC_LDA, KC_LDA, rhs + 16 * ni, LDS, KC_CH, false);
+            acc.template mma<true, true>(Ai_s + 16 * mi * KC_LDA, KC_LDA, rhs + 16 * ni, LDR, KC_CH, false);
             acc.store(stage + 16 * mi * LDS + 16 * ni, LDS);
         }
         __syncthreads();
-        for (int e = tid; e < n * BK; e += KC_THREADS) {
-            const int r = e / BK, d = e % BK;
-            vio[(size_t)r * V + d] = stage[r * LDS + d];
+        for (int e = tid; e < n * B4; e += KC_THREADS) {
+            const int r = e >> B4SH, d = (e & (B4 - 1)) * 4;
+            *(float4 *)(vio + (size_t)r * V + d) = *(const float4 *)(stage + r * LDS + d);
         }
         __syncthreads();
     }
-    for (int e = tid; e < n * KC_CH; e += KC_THREADS)
-        w.aqk[((size_t)h * T + row0 + (e >> 6)) * KC_CH + (e & 63)] = A_s[(e >> 6) * KC_LDA + (e & 63)];
 }
 
 /* ---- recur ----
@@ -736,13 +798,18 @@ static __device__ bool recur_job(const kc_kda_chunk_args &a, const ChunkWs &w, i
     return true;
 }
 
-/* Shared memory (floats): X [K][BV+4], Vnew [64][BV+4], then nbuf (1 or 2)
- * buffers of { W [64][K+4], kg [64][K+4], U [64][BV+4], exp(Gam_last) [K] }.
+/* Shared memory (floats): X [K][LDV], Vnew [64][LDV], then nbuf (1 or 2)
+ * buffers of { W [64][K+4], kg [64][K+8], U [64][LDV], exp(Gam_last) [K] }.
  * With 2, chunk c + 1's loads (cp.async) are in flight while chunk c
- * computes; with 1, a second block on the SM (half the shared memory) hides them. */
+ * computes; with 1, a second block on the SM (half the shared memory) hides them.
+ * Strides against bank conflicts of the fragment loads: a row-major A operand
+ * (W) wants ld = 4 mod 32, a col-major A (kg^T) and a row-major B (X, Vnew)
+ * ld = 8 mod 32 (BV = 64 keeps +4 so that two buffers fit). */
+static __host__ __device__ int recur_ldv(int BV) { return BV + (BV < 64 ? 8 : 4); }
 static __host__ __device__ int recur_smem_floats(int K, int BV, int nbuf)
 {
-    return (K + KC_CH) * (BV + 4) + nbuf * (2 * KC_CH * (K + 4) + KC_CH * (BV + 4) + K);
+    const int LDV = recur_ldv(BV);
+    return (K + KC_CH) * LDV + nbuf * (KC_CH * (K + 4) + KC_CH * (K + 8) + KC_CH * LDV + K);
 }
 
 template <int MODE>
@@ -755,18 +822,18 @@ __global__ void __launch_bounds__(KC_THREADS) kc_chunk_recur_kernel(kc_kda_chunk
     if (!recur_job(a, w, phase, BV, write_state, &jb)) return;
     const int item = blockIdx.x, h = blockIdx.y;
     const int gc0 = w.item_chunk0[item], irow0 = a.item_row0[item], nt = a.item_ntok[item];
-    const int H = a.H, K = a.K, V = a.V, LDK = K + 4, LDV = BV + 4, XW = K + V;
+    const int H = a.H, K = a.K, V = a.V, LDK = K + 4, LDG = K + 8, LDV = recur_ldv(BV), XW = K + V;
     const size_t T = a.T;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     KC_DYNAMIC_SMEM(sm);
     float *S_s = sm, *Vn_s = S_s + K * LDV, *buf0 = Vn_s + KC_CH * LDV;
-    const int bufsz = 2 * KC_CH * LDK + KC_CH * LDV + K;
+    const int bufsz = KC_CH * LDK + KC_CH * LDG + KC_CH * LDV + K;
     const bool has_u = jb.vcol >= 0;
     /* BV, K / 4 and BV / 4 are powers of two: shifts instead of divisions in the per-chunk loops */
     const int bsh = log2i(BV), ksh = log2i(K / 4), vsh = log2i(BV / 4);
 
     auto issue = [&](int ci, int b) {
-        float *Wb = buf0 + b * bufsz, *kgb = Wb + KC_CH * LDK, *Ub = kgb + KC_CH * LDK, *egb = Ub + KC_CH * LDV;
+        float *Wb = buf0 + b * bufsz, *kgb = Wb + KC_CH * LDK, *Ub = kgb + KC_CH * LDG, *egb = Ub + KC_CH * LDV;
         const int n = min(KC_CH, nt - KC_CH * ci), row0 = irow0 + KC_CH * ci;
         const float *Wg = w.g + ((size_t)h * T + row0) * K, *kgg = w.k + ((size_t)h * T + row0) * K;
         const float *Ug = w.v + ((size_t)h * T + row0) * V + (has_u ? jb.vcol : 0);
@@ -775,7 +842,7 @@ __global__ void __launch_bounds__(KC_THREADS) kc_chunk_recur_kernel(kc_kda_chunk
             const int r = e >> ksh, q = e & (k4 - 1);
             const bool ok = r < n;
             cp_async16(Wb + r * LDK + 4 * q, Wg + (size_t)(ok ? r : 0) * K + 4 * q, ok);
-            cp_async16(kgb + r * LDK + 4 * q, kgg + (size_t)(ok ? r : 0) * K + 4 * q, ok);
+            cp_async16(kgb + r * LDG + 4 * q, kgg + (size_t)(ok ? r : 0) * K + 4 * q, ok);
         }
         for (int e = tid; e < KC_CH * v4; e += KC_THREADS) { /* identity columns: U = 0 */
             const int r = e >> vsh, q = e & (v4 - 1);
@@ -810,7 +877,7 @@ __global__ void __launch_bounds__(KC_THREADS) kc_chunk_recur_kernel(kc_kda_chunk
             cp_async_wait<0>();
         }
         __syncthreads(); /* everyone's copies, and X from the previous chunk */
-        const float *Wb = buf0 + b * bufsz, *kgb = Wb + KC_CH * LDK, *Ub = kgb + KC_CH * LDK, *egb = Ub + KC_CH * LDV;
+        const float *Wb = buf0 + b * bufsz, *kgb = Wb + KC_CH * LDK, *Ub = kgb + KC_CH * LDG, *egb = Ub + KC_CH * LDV;
         const int n = min(KC_CH, nt - KC_CH * ci), row0 = irow0 + KC_CH * ci;
         if (jb.out) { /* the state at the chunk's start, for the output stage */
             float *scg = w.sc + ((size_t)(gc0 + ci) * H + h) * K * V + jb.vcol;
@@ -837,7 +904,7 @@ __global__ void __launch_bounds__(KC_THREADS) kc_chunk_recur_kernel(kc_kda_chunk
             __syncwarp();
             Acc<MODE> acc;
             acc.load(St, LDV);
-            acc.template mma<false, true>(kgb + 16 * mi, LDK, Vn_s + 16 * ni, LDV, KC_CH, false);
+            acc.template mma<false, true>(kgb + 16 * mi, LDG, Vn_s + 16 * ni, LDV, KC_CH, false);
             acc.store(St, LDV);
         }
         __syncthreads(); /* before the next chunk reuses the buffer, Vnew and X */
@@ -908,11 +975,16 @@ __global__ void __launch_bounds__(KC_THREADS) kc_chunk_combine_kernel(kc_kda_chu
 }
 
 /* ---- out: block per (chunk, head), all V columns ----
- * Shared memory (floats): qg [64][K+4], S_c [K][V+4], Aqk [64][68],
- * Vnew [64][V+4] (then O). Warp w owns output tiles w, w + 8, ... (<= 4). */
+ * Three phases through one shared region, so that three blocks fit an SM
+ * (the stage is latency-bound: one block's loads overlap the others'
+ * products): qg [64][K+4] and the first K/2 rows of S_c [K/2][V+8], then the
+ * other K/2 rows in their place, for O = qg S_c; then Aqk [64][68] and Vnew
+ * [64][V+8] (then O) for O += Aqk Vnew. Warp w owns output tiles w, w + 8,
+ * ... (<= 4), accumulated in registers across the phases. */
 static __host__ __device__ int out_smem_floats(int K, int V)
 {
-    return KC_CH * (K + 4) + K * (V + 4) + KC_CH * KC_LDA + KC_CH * (V + 4);
+    const int a = KC_CH * (K + 4) + K / 2 * (V + 8), b = KC_CH * KC_LDA + KC_CH * (V + 8);
+    return a > b ? a : b;
 }
 
 template <int MODE>
@@ -923,45 +995,72 @@ __global__ void __launch_bounds__(KC_THREADS) kc_chunk_out_kernel(kc_kda_chunk_a
     ChunkPos cp;
     if (!chunk_pos(a, w, blockIdx.x, &cp)) return;
     const int h = blockIdx.y, n = cp.n, row0 = cp.row0;
-    const int H = a.H, K = a.K, V = a.V, HK = H * K, HV = H * V, LDK = K + 4, LDV = V + 4;
+    /* ld = 8 mod 32 for the row-major B operands (S_c, Vnew): no bank conflicts */
+    const int H = a.H, K = a.K, V = a.V, HK = H * K, HV = H * V, LDK = K + 4, LDV = V + 8, KH = K / 2;
     const size_t T = a.T;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     KC_DYNAMIC_SMEM(sm);
-    float *qg_s = sm, *sc_s = qg_s + KC_CH * LDK, *aq_s = sc_s + K * LDV, *vn_s = aq_s + KC_CH * KC_LDA;
+    float *qg_s = sm, *sc_s = qg_s + KC_CH * LDK; /* phases 1, 2 */
+    float *aq_s = sm, *vn_s = aq_s + KC_CH * KC_LDA; /* phase 3 */
+    const int k4 = K / 4, v4 = V / 4, ksh = log2i(k4), vsh = log2i(v4); /* powers of two */
+    const float *sc = w.sc + ((size_t)blockIdx.x * H + h) * K * V;
+    auto load_sc = [&](int half) {
+        for (int e = tid; e < KH * v4; e += KC_THREADS) {
+            const int r = e >> vsh, q = e & (v4 - 1);
+            cp_async16(sc_s + r * LDV + 4 * q, sc + (size_t)(half * KH + r) * V + 4 * q, true);
+        }
+    };
     {
-        const float *qg = w.q + ((size_t)h * T + row0) * K, *vn = w.v + ((size_t)h * T + row0) * V;
-        const float *aq = w.aqk + ((size_t)h * T + row0) * KC_CH;
-        const float *sc = w.sc + ((size_t)blockIdx.x * H + h) * K * V;
-        const int k4 = K / 4, v4 = V / 4;
+        const float *qg = w.q + ((size_t)h * T + row0) * K;
         for (int e = tid; e < KC_CH * k4; e += KC_THREADS) {
-            const int r = e / k4, q = e % k4;
+            const int r = e >> ksh, q = e & (k4 - 1);
             cp_async16(qg_s + r * LDK + 4 * q, qg + (size_t)(r < n ? r : 0) * K + 4 * q, r < n);
         }
-        for (int e = tid; e < KC_CH * v4; e += KC_THREADS) {
-            const int r = e / v4, q = e % v4;
-            cp_async16(vn_s + r * LDV + 4 * q, vn + (size_t)(r < n ? r : 0) * V + 4 * q, r < n);
-        }
-        for (int e = tid; e < KC_CH * 16; e += KC_THREADS) {
-            const int r = e / 16, q = e % 16;
-            cp_async16(aq_s + r * KC_LDA + 4 * q, aq + (size_t)(r < n ? r : 0) * KC_CH + 4 * q, r < n);
-        }
-        for (int e = tid; e < K * v4; e += KC_THREADS) {
-            const int r = e / v4, q = e % v4;
-            cp_async16(sc_s + r * LDV + 4 * q, sc + (size_t)r * V + 4 * q, true);
-        }
+        load_sc(0);
         cp_async_commit();
         cp_async_wait<0>();
     }
     __syncthreads();
     const int nvt = V / 16, ntile = 4 * nvt; /* V <= 128: <= 32 tiles, <= 4 per warp */
     Acc<MODE> acc[4];
+    for (int half = 0; half < 2; half++) {
+        if (half) {
+            __syncthreads(); /* the first half of S_c read */
+            load_sc(1);
+            cp_async_commit();
+            cp_async_wait<0>();
+            __syncthreads();
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int t = warp + 8 * i;
+            if (t < ntile) {
+                const int mi = t / nvt, ni = t % nvt;
+                if (!half) acc[i].zero();
+                acc[i].template mma<true, true>(qg_s + 16 * mi * LDK + half * KH, LDK, sc_s + 16 * ni, LDV, KH, false);
+            }
+        }
+    }
+    __syncthreads(); /* qg and S_c read: phase 3 takes their place */
+    {
+        const float *vn = w.v + ((size_t)h * T + row0) * V, *aq = w.aqk + ((size_t)h * T + row0) * KC_CH;
+        for (int e = tid; e < KC_CH * v4; e += KC_THREADS) {
+            const int r = e >> vsh, q = e & (v4 - 1);
+            cp_async16(vn_s + r * LDV + 4 * q, vn + (size_t)(r < n ? r : 0) * V + 4 * q, r < n);
+        }
+        for (int e = tid; e < KC_CH * 16; e += KC_THREADS) {
+            const int r = e >> 4, q = e & 15;
+            cp_async16(aq_s + r * KC_LDA + 4 * q, aq + (size_t)(r < n ? r : 0) * KC_CH + 4 * q, r < n);
+        }
+        cp_async_commit();
+        cp_async_wait<0>();
+    }
+    __syncthreads();
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         const int t = warp + 8 * i;
         if (t < ntile) {
             const int mi = t / nvt, ni = t % nvt;
-            acc[i].zero();
-            acc[i].template mma<true, true>(qg_s + 16 * mi * LDK, LDK, sc_s + 16 * ni, LDV, K, false);
             acc[i].template mma<true, true>(aq_s + 16 * mi * KC_LDA, KC_LDA, vn_s + 16 * ni, LDV, KC_CH, false);
         }
     }
@@ -1051,12 +1150,14 @@ template <typename Kern> static int smem_allow(Kern k, size_t bytes, size_t *all
 template <int MODE>
 static int run_chunk_stages(const kc_kda_chunk_args *a, const ChunkWs &w, int bv, int nbuf, cudaStream_t s)
 {
-    static size_t allow_intra = 0, allow_recur = 0, allow_out = 0, allow_comb = 0;
+    static size_t allow_intra = 0, allow_intra16 = 0, allow_recur = 0, allow_out = 0, allow_comb = 0;
     const int H = a->H, K = a->K, V = a->V, stop = a->debug_stop_after, split = w.seq_split > 1;
     const int maxc = w.max_chunks, ws = stop == 0 ? 1 : 0;
     const size_t sm_intra = (size_t)intra_smem_floats(K) * 4, sm_recur = (size_t)recur_smem_floats(K, bv, nbuf) * 4;
     const size_t sm_out = (size_t)out_smem_floats(K, V) * 4, sm_comb = (size_t)combine_smem_floats(K, bv) * 4;
-    if (smem_allow(kc_chunk_intra_kernel<MODE>, sm_intra, &allow_intra) ||
+    const bool bk16 = K < 32; /* the intra stage's K slice: 16 or 32 channels */
+    if (smem_allow(kc_chunk_intra_kernel<MODE, 32>, sm_intra, &allow_intra) ||
+        smem_allow(kc_chunk_intra_kernel<MODE, 16>, sm_intra, &allow_intra16) ||
         smem_allow(kc_chunk_recur_kernel<MODE>, sm_recur, &allow_recur) ||
         smem_allow(kc_chunk_out_kernel<MODE>, sm_out, &allow_out) ||
         (split && smem_allow(kc_chunk_combine_kernel<MODE>, sm_comb, &allow_comb)))
@@ -1064,7 +1165,10 @@ static int run_chunk_stages(const kc_kda_chunk_args *a, const ChunkWs &w, int bv
     KC_CHUNK_LAUNCH("plan", kc_chunk_plan_kernel, dim3(1), dim3(1024), 0, s, *a, w);
     KC_CHUNK_LAUNCH("prep", kc_chunk_prep_kernel, dim3(maxc, H, 3), dim3(KC_PREP_THREADS), (size_t)KC_CH * K * 4, s, *a, w);
     if (stop == 1) return 0;
-    KC_CHUNK_LAUNCH("intra", kc_chunk_intra_kernel<MODE>, dim3(maxc, H), dim3(KC_THREADS), sm_intra, s, *a, w);
+    if (bk16)
+        KC_CHUNK_LAUNCH("intra", kc_chunk_intra_kernel<MODE, 16>, dim3(maxc, H), dim3(KC_THREADS), sm_intra, s, *a, w);
+    else
+        KC_CHUNK_LAUNCH("intra", kc_chunk_intra_kernel<MODE, 32>, dim3(maxc, H), dim3(KC_THREADS), sm_intra, s, *a, w);
     if (stop == 2) return 0;
     if (!split) {
         KC_CHUNK_LAUNCH("recur", kc_chunk_recur_kernel<MODE>, dim3(a->n_items, H, V / bv), dim3(KC_THREADS), sm_recur,
@@ -1113,7 +1217,15 @@ extern "C" int kc_kda_chunk(const kc_kda_chunk_args *a, cudaStream_t s)
     if (!a->bv && split)
         while (K % bv) bv /= 2; /* the transition's identity columns come in blocks of bv */
     if (bv > V || (split && K % bv)) return -1;
-    const int nbuf = a->recur_buffers ? a->recur_buffers : 2;
+    /* recurrence buffers: 2 (chunk c + 1's loads in flight, one block per SM)
+     * while the blocks fit one wave, or where one buffer would not let two
+     * blocks share an SM; else 1, two blocks per SM. H200, H = 16 (bench):
+     * 8 x 2048 (512 blocks of BV = 32) 0.96 -> 0.79 ms, 4 x 8192 (256)
+     * 1.83 -> 1.56 with 1; 1 x 2048 and 1 x 8192 (128 blocks of BV = 16)
+     * 1.5x faster with 2. */
+    const long recur_blocks = (long)a->n_items * H * (split ? (K + V) / bv * split : V / bv);
+    const bool two_per_sm = 2 * ((size_t)recur_smem_floats(K, bv, 1) * 4 + 1024) <= KC_SMEM_SM;
+    const int nbuf = a->recur_buffers ? a->recur_buffers : recur_blocks > sm_count() && two_per_sm ? 1 : 2;
     char *base = (char *)a->work;
     ChunkWs w;
     w.nchunks = (int *)(base + L.plan_nchunks);

@@ -834,6 +834,23 @@ static float time_chunk(kc_kda_chunk_args *a, int reps)
     return ms[reps / 2];
 }
 
+/* 1 if name contains one of the '|'-separated parts of list */
+static int name_in_list(const char *name, const char *list)
+{
+    char part[64];
+    for (const char *p = list; *p;) {
+        const char *e = strchr(p, '|');
+        const size_t len = e ? (size_t)(e - p) : strlen(p);
+        if (len > 0 && len < sizeof part) {
+            memcpy(part, p, len), part[len] = 0;
+            if (strstr(name, part)) return 1;
+        }
+        if (!e) break;
+        p = e + 1;
+    }
+    return 0;
+}
+
 static int run_bench(void)
 {
     /* KDA_CHUNK_BENCH_SMALL=1: tiny shapes, to dry-run this code (e.g. in the emulator) */
@@ -870,7 +887,13 @@ static int run_bench(void)
            prop.multiProcessorCount, H, K, V, taps, copy_gbs);
     printf("%-10s %-20s %9s %12s %9s %9s %9s   stages ms: prep intra recur out+tail\n", "case", "variant", "ms",
            "tokens/s", "TFLOP/s", "GB/s", "%copy");
+    /* KDA_CHUNK_BENCH_SHAPES="01..." runs only those shape indices, KDA_CHUNK_BENCH_VARIANT="a|b"
+     * only the variants whose name contains a or b, KDA_CHUNK_BENCH_NOSTAGES=1 no per-stage times
+     * (for a profiler: one call per variant after the warm-up) */
+    const char *only_shapes = getenv("KDA_CHUNK_BENCH_SHAPES"), *only_var = getenv("KDA_CHUNK_BENCH_VARIANT");
+    const int no_stages = getenv("KDA_CHUNK_BENCH_NOSTAGES") != NULL;
     for (int s = 0; s < 4; s++) {
+        if (only_shapes && !strchr(only_shapes, '0' + s)) continue;
         const int B = shapes[s][0], L = shapes[s][1], T = B * L;
         prob p;
         prob_init(&p, H, K, V, taps, T, B, GATE_NORMAL);
@@ -888,6 +911,7 @@ static int run_bench(void)
                    {"tf32 split=4 buf=1", {0, 0, 4, 1}}, {"3xtf32", {1, 0, 0, 0}}, {"simt", {2, 0, 0, 0}}};
         for (int v = 0; v < (int)(sizeof var / sizeof var[0]); v++) {
             if (var[v].vr.gemm == 2 && s > 0) continue; /* the reference path: one point is enough */
+            if (only_var && !name_in_list(var[v].name, only_var)) continue;
             kc_kda_chunk_args a;
             fill_args(&a, &p, &d, B, var[v].vr, 0);
             if (kc_kda_chunk(&a, 0)) {
@@ -896,7 +920,7 @@ static int run_bench(void)
             }
             const float ms = time_chunk(&a, reps);
             float st[5] = {0, 0, 0, 0, ms};
-            for (int k = 1; k <= 4; k++) {
+            for (int k = 1; k <= (no_stages ? 0 : 4); k++) {
                 a.debug_stop_after = k;
                 st[k - 1] = time_chunk(&a, reps);
             }
