@@ -245,7 +245,11 @@ __global__ void __launch_bounds__(NW * 32, MINB)
     /* sliding window: no row of the tile reads keys below its first row's
      * first key; every split the combine reads for a row (attn_prefill_combine_kernel
      * from the split holding the row's first key) still runs here */
-    const int tile_klo = a.window > 0 ? max(0, it.pos0 + tok0 - a.window + 1) : 0;
+    /* rounded down to a tile: the tiles then end on the split's end (split_keys is a
+     * multiple of PF_BN), and the keys of the last tile past ke are past every row's
+     * position, so the causal mask removes their zero-filled scores (an unrounded start
+     * let a split's last tile run into the next split's keys as zeros: H200, 63b2e44) */
+    const int tile_klo = a.window > 0 ? max(0, it.pos0 + tok0 - a.window + 1) / PF_BN * PF_BN : 0;
     const int ks = max(sp * split_keys, tile_klo);
     const int ke = sp == nsplit - 1 ? tile_kend : min(tile_kend, sp * split_keys + split_keys);
     if (ks >= ke) return; /* the combine reads only splits that hold some of a row's keys */

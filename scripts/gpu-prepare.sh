@@ -15,7 +15,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 SHARED=${KDA_SHARED:-../shared}
 [ -f build-cuda/build.ninja ] || meson setup build-cuda -Dcuda=enabled -Dbuildtype=release >/dev/null
+# meson 1.0's nvcc rule writes no depfile, so ninja does not see a .cu file's
+# headers: after any header change every .cu file is rebuilt (a struct laid out
+# differently in two objects crashed every engine open on the H200, 63b2e44)
+stamp=build-cuda/.kda-cuda-headers
+if [ ! -f "$stamp" ] || [ -n "$(find kernels tests/kernels -name '*.h' -o -name '*.cuh' | xargs ls -t | head -1 | xargs -I{} find {} -newer "$stamp")" ]; then
+  find kernels tests/kernels -name '*.cu' -exec touch {} +
+fi
 ninja -C build-cuda
+touch "$stamp"
 rm -rf .carry && mkdir -p .carry/lib
 PROGS="cli/kda-cli server/kda-server tests/kernels/test_kernels tests/kernels/test_cuda_model
        tests/kernels/test_prefill_ops tests/kernels/test_kda_chunk"
