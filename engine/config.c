@@ -109,9 +109,11 @@ static int get_token_id(const cJSON *o, const char *key, int def, int *out, char
         return 0;
     }
     if (v && cJSON_IsArray(v)) {
-        const cJSON *first = cJSON_GetArrayItem(v, 0);
-        if (!first) FAIL("\"%s\" is an empty list", key);
-        if (!json_int_in(first, 0, 1 << 30, out)) FAIL("\"%s\" entries must be integers in [0, %d]", key, 1 << 30);
+        if (!v->child) FAIL("\"%s\" is an empty list", key);
+        int i = 0, id;
+        for (const cJSON *e = v->child; e; e = e->next, i++)   /* every entry checked, though only the first is used */
+            if (!json_int_in(e, 0, 1 << 30, i ? &id : out))
+                FAIL("\"%s\"[%d] must be an integer in [0, %d]", key, i, 1 << 30);
         return 0;
     }
     return get_int(o, key, def, 0, 1 << 30, out, err, errlen);
