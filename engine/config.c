@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kda_file.h"
 #include "model.h"
 
 #define FAIL(...) do { snprintf(err, errlen, "config.json: " __VA_ARGS__); return KDA_EFORMAT; } while (0)
@@ -613,28 +614,8 @@ int config_load(model_config *c, const char *dir, const char *config_map, char *
 {
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        snprintf(err, errlen, "%s: %s", path, strerror(errno));
-        return KDA_EIO;
-    }
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    if (n < 0 || n > (16 << 20)) {
-        fclose(f);
-        snprintf(err, errlen, "%s: unreasonable size", path);
-        return KDA_EFORMAT;
-    }
-    char *buf = malloc((size_t)n + 1);
-    if (!buf) {
-        fclose(f);
-        snprintf(err, errlen, "out of memory");
-        return KDA_ENOMEM;
-    }
-    size_t got = fread(buf, 1, (size_t)n, f);
-    fclose(f);
-    buf[got] = 0;
+    char *buf = kda_file_read(path, KDA_MAX_CONFIG_BYTES, NULL, err, errlen);
+    if (!buf) return errno == ENOMEM ? KDA_ENOMEM : errno == EFBIG ? KDA_EFORMAT : KDA_EIO;
     int rc = config_parse_mapped(c, buf, config_map, err, errlen);
     free(buf);
     return rc;

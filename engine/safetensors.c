@@ -26,6 +26,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "kda_file.h"
+
 #define ST_MAX_HEADER   100000000ull          /* the reference's limit */
 #define ST_MAX_JSON_INT 9007199254740992.0    /* 2^53: doubles are exact below */
 #define ST_MAX_INDEX    (64u << 20)           /* index.json is a few KB in practice */
@@ -419,16 +421,10 @@ done:
 
 /* Maps path and appends it (and its tensors) to s. On error s is unchanged. */
 static int st_add_file(st_set *s, const char *path, char *err, size_t errlen) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return st_fail(err, errlen, "%s: cannot open: %s", path, strerror(errno));
     struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        int e = errno;
-        close(fd);
-        return st_fail(err, errlen, "%s: cannot stat: %s", path, strerror(e));
-    }
-    if (S_ISDIR(sb.st_mode)) { close(fd); return st_fail(err, errlen, "%s: is a directory", path); }
-    if (!S_ISREG(sb.st_mode)) { close(fd); return st_fail(err, errlen, "%s: not a regular file", path); }
+    char why[512];
+    int fd = kda_file_open(path, &sb, why, sizeof why);   /* a FIFO or device: an error at once, never a hang */
+    if (fd < 0) return st_fail(err, errlen, "%s", why);
     if ((uint64_t)sb.st_size > SIZE_MAX) { close(fd); return st_fail(err, errlen, "%s: too large", path); }
 
     size_t size = (size_t)sb.st_size;
@@ -480,19 +476,6 @@ static char *st_join(const char *dir, const char *name) {
     return p;
 }
 
-/* Whole small file into a terminated buffer; NULL with errno set on failure. */
-static char *st_slurp(const char *path, size_t max) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    char *buf = malloc(max + 1);
-    size_t n = buf ? fread(buf, 1, max + 1, f) : 0;
-    int bad = !buf || ferror(f) || n > max;
-    fclose(f);
-    if (bad) { free(buf); errno = buf ? EFBIG : ENOMEM; return NULL; }
-    buf[n] = 0;
-    return buf;
-}
-
 /* A shard name from the index is joined to the model directory, so it must
  * not be able to point anywhere else. */
 static int st_plain_file_name(const char *n) {
@@ -500,8 +483,9 @@ static int st_plain_file_name(const char *n) {
 }
 
 static int st_open_index(st_set *s, const char *dir, const char *ipath, char *err, size_t errlen) {
-    char *text = st_slurp(ipath, ST_MAX_INDEX);
-    if (!text) return st_fail(err, errlen, "%s: cannot read: %s", ipath, strerror(errno));
+    char why[512];
+    char *text = kda_file_read(ipath, ST_MAX_INDEX, NULL, why, sizeof why);
+    if (!text) return st_fail(err, errlen, "%s", why);
     cJSON *root = cJSON_Parse(text);
     free(text);
     int rc = -1;
