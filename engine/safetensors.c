@@ -419,8 +419,36 @@ done:
 
 /* ---- files and directories --------------------------------------------- */
 
-/* Maps path and appends it (and its tensors) to s. On error s is unchanged. */
-static int st_add_file(st_set *s, const char *path, char *err, size_t errlen) {
+/* Reads the whole of fd (size bytes) into fresh anonymous memory, page
+ * aligned like a mapping (st_close munmaps either), then drops the file's
+ * pages from the page cache so the weights are not held twice. A file that
+ * shrinks while it is read is an error naming it. */
+static void *st_read_private(int fd, size_t size, const char *path, char *err, size_t errlen) {
+    void *mem = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (mem == MAP_FAILED) {
+        st_fail(err, errlen, "%s: cannot allocate %zu bytes to read it into: %s", path, size, strerror(errno));
+        return NULL;
+    }
+    size_t got = 0;
+    while (got < size) {
+        ssize_t r = pread(fd, (char *)mem + got, size - got, (off_t)got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            if (r < 0) st_fail(err, errlen, "%s: read failed: %s", path, strerror(errno));
+            else st_fail(err, errlen, "%s: changed while it was read (%zu of %zu bytes)", path, got, size);
+            munmap(mem, size);
+            return NULL;
+        }
+        got += (size_t)r;
+    }
+    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    mprotect(mem, size, PROT_READ);   /* as read-only as the mapping it replaces */
+    return mem;
+}
+
+/* Maps (or, with copy, reads) path and appends it (and its tensors) to s.
+ * On error s is unchanged. */
+static int st_add_file(st_set *s, const char *path, int copy, char *err, size_t errlen) {
     struct stat sb;
     char why[512];
     int fd = kda_file_open(path, &sb, why, sizeof why);   /* a FIFO or device: an error at once, never a hang */
@@ -429,7 +457,13 @@ static int st_add_file(st_set *s, const char *path, char *err, size_t errlen) {
 
     size_t size = (size_t)sb.st_size;
     void *map = NULL;
-    if (size > 0) {      /* mmap of length 0 is EINVAL; st_parse reports it as too short */
+    if (size > 0 && copy) {
+        map = st_read_private(fd, size, path, err, errlen);
+        if (!map) {
+            close(fd);
+            return -1;
+        }
+    } else if (size > 0) {      /* mmap of length 0 is EINVAL; st_parse reports it as too short */
         map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
         if (map == MAP_FAILED) {
             int e = errno;
@@ -437,7 +471,7 @@ static int st_add_file(st_set *s, const char *path, char *err, size_t errlen) {
             return st_fail(err, errlen, "%s: mmap of %zu bytes failed: %s", path, size, strerror(e));
         }
     }
-    close(fd);       /* the mapping keeps the file alive */
+    close(fd);       /* the mapping keeps the file alive; a copy needs it no more */
 
     st_file *files = realloc(s->files, (size_t)(s->n_files + 1) * sizeof *files);
     char *dup = strdup(path);
@@ -464,7 +498,7 @@ int st_open_file(st_set **out, const char *path, char *err, size_t errlen) {
     *out = NULL;
     st_set *s = calloc(1, sizeof *s);
     if (!s) return st_fail(err, errlen, "%s: out of memory", path);
-    if (st_add_file(s, path, err, errlen)) { st_close(s); return -1; }
+    if (st_add_file(s, path, 0, err, errlen)) { st_close(s); return -1; }
     *out = s;
     return 0;
 }
@@ -482,7 +516,7 @@ static int st_plain_file_name(const char *n) {
     return n[0] && !strchr(n, '/') && !strstr(n, "..");
 }
 
-static int st_open_index(st_set *s, const char *dir, const char *ipath, char *err, size_t errlen) {
+static int st_open_index(st_set *s, const char *dir, const char *ipath, int copy, char *err, size_t errlen) {
     char why[512];
     char *text = kda_file_read(ipath, ST_MAX_INDEX, NULL, why, sizeof why);
     if (!text) return st_fail(err, errlen, "%s", why);
@@ -513,7 +547,7 @@ static int st_open_index(st_set *s, const char *dir, const char *ipath, char *er
         if (seen) continue;
         char *path = st_join(dir, e->valuestring);
         if (!path) { st_fail(err, errlen, "%s: out of memory", ipath); goto done; }
-        int r = st_add_file(s, path, err, errlen);
+        int r = st_add_file(s, path, copy, err, errlen);
         free(path);
         if (r) goto done;
     }
@@ -538,7 +572,7 @@ done:
     return rc;
 }
 
-int st_open_dir(st_set **out, const char *dir, char *err, size_t errlen) {
+static int st_open_dir_as(st_set **out, const char *dir, int copy, char *err, size_t errlen) {
     *out = NULL;
     struct stat sb;
     if (stat(dir, &sb) != 0) return st_fail(err, errlen, "%s: %s", dir, strerror(errno));
@@ -550,9 +584,9 @@ int st_open_dir(st_set **out, const char *dir, char *err, size_t errlen) {
     int rc = -1;
     if (!ipath || !mpath || !s) { st_fail(err, errlen, "%s: out of memory", dir); goto done; }
     if (access(ipath, F_OK) == 0)
-        rc = st_open_index(s, dir, ipath, err, errlen);
+        rc = st_open_index(s, dir, ipath, copy, err, errlen);
     else if (access(mpath, F_OK) == 0)
-        rc = st_add_file(s, mpath, err, errlen);
+        rc = st_add_file(s, mpath, copy, err, errlen);
     else
         st_fail(err, errlen, "%s: neither model.safetensors nor model.safetensors.index.json "
                 "found", dir);
@@ -562,4 +596,12 @@ done:
     if (rc) { st_close(s); return -1; }
     *out = s;
     return 0;
+}
+
+int st_open_dir(st_set **out, const char *dir, char *err, size_t errlen) {
+    return st_open_dir_as(out, dir, 0, err, errlen);
+}
+
+int st_open_dir_private(st_set **out, const char *dir, char *err, size_t errlen) {
+    return st_open_dir_as(out, dir, 1, err, errlen);
 }

@@ -4,7 +4,8 @@ tokenizer_config.json, chat_template.jinja, a name map) replaced in turn by a
 FIFO, /dev/zero, /dev/urandom and a directory. kda-cli inspect and kda-server
 must each fail at once (no hang in open(), no read without end) with a message
 naming the file and saying what it is; text files over their cap are refused by
-size. Under the ASan build the server's exit is checked for leak reports (a
+size. The weights file truncated and rewritten under a running CPU server
+changes nothing: it serves on, the same output (issue 19, item 8). Under the ASan build the server's exit is checked for leak reports (a
 directory as tokenizer.model leaked the SentencePiece model)."""
 import os
 import shutil
@@ -13,7 +14,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from fixture import CLI, SERVER, _tmp, check, finish, make_checkpoint  # noqa: E402
+from fixture import CLI, SERVER, Server, _tmp, check, finish, make_checkpoint  # noqa: E402
 
 base = make_checkpoint()
 LIMIT = 20   # seconds: "at once", with room for a sanitizer build on a busy machine
@@ -101,4 +102,28 @@ for kind in ("fifo", "zero"):
     make_special(p, kind)
     rc, log, dt = server(p)
     check(rc not in (0, "timeout") and clean(log), f"kda-server: --model a {kind} fails in {dt:.1f}s", f"rc={rc} {log[-200:]}")
+
+# the weights file changes underneath a running CPU server: truncated, then rewritten with garbage
+import requests  # noqa: E402
+d = case_dir("weights-change")
+w = os.path.join(d, "model.safetensors")
+size = os.path.getsize(w)
+body = {"tokens": [1, 2, 3, 4], "max_tokens": 24, "temperature": 0, "ignore_eos": True}
+with Server(d) as s:
+    before = requests.post(s.url + "/generate", json=body, timeout=60).json()["tokens"]
+    os.truncate(w, 0)
+    r = requests.post(s.url + "/generate", json=body, timeout=60)
+    check(r.status_code == 200 and r.json()["tokens"] == before,
+          "weights file truncated to 0 under the server: it serves on, the same output", r.text[:200])
+    with open(w, "r+b") as f:
+        f.write(os.urandom(size))
+    r = requests.post(s.url + "/generate", json=dict(body, tokens=[5, 6, 7]), timeout=60)
+    r2 = requests.post(s.url + "/generate", json=body, timeout=60)
+    check(r.status_code == 200 and r2.status_code == 200 and r2.json()["tokens"] == before,
+          "weights file rewritten with garbage: still the weights it loaded", r2.text[:200])
+    os.truncate(w, size // 2)
+    r = requests.post(s.url + "/v1/completions", json={"prompt": "ab", "max_tokens": 8}, timeout=60)
+    check(r.status_code == 200 and requests.get(s.url + "/health").status_code == 200,
+          "and after a truncation to half: completions and /health still answer")
+    s.check_clean_exit("the server whose weights file changed exits 0")
 finish()
