@@ -4,7 +4,8 @@
   /v1/completions (n=2) and /v1/chat/completions (n=2), sent 8 at a time;
   then the same 40 again with the seed each response echoed, in reverse
   order and 3 at a time (other neighbours in every batch). Every re-run
-  must give the same text for every choice: 40 of 40 per route.
+  must give the same text for every choice: 40 of 40 per route (8 of 8 in
+  a sanitizer build, which is ~20x slower).
 * Exactness: seeds beyond 2^53 are read and echoed digit for digit, and
   2^53 + 1 samples differently from 2^53 (through a double they would be the
   same seed) and like kda-cli given the same digits (an independent parse).
@@ -25,7 +26,12 @@ from fixture import CLI, SRC, Server, check, finish, sse_events  # noqa: E402
 DEMO = os.path.join(SRC, "models", "demo")
 srv = Server(DEMO, "--chat-template", "plain", "--max-batch", "16")
 U = srv.url
-RUNS = 40
+from fixture import SERVER  # noqa: E402
+# 40 per route is the target (issue 19); a sanitizer build is ~20x slower, so there the same
+# checks run on 8 (what they add there is memory safety, not the count)
+with open(SERVER, "rb") as f:
+    SANITIZED = b"__asan_init" in f.read()
+RUNS = 8 if SANITIZED else 40
 PROMPTS = ["ROMEO:", "JULIET:\nO Romeo", "First Citizen:\nBefore we proceed", "To be, or not"]
 
 
