@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kda_file.h"
 #include "model.h"
 
 #define FAIL(...) do { snprintf(err, errlen, "config.json: " __VA_ARGS__); return KDA_EFORMAT; } while (0)
@@ -109,9 +110,11 @@ static int get_token_id(const cJSON *o, const char *key, int def, int *out, char
         return 0;
     }
     if (v && cJSON_IsArray(v)) {
-        const cJSON *first = cJSON_GetArrayItem(v, 0);
-        if (!first) FAIL("\"%s\" is an empty list", key);
-        if (!json_int_in(first, 0, 1 << 30, out)) FAIL("\"%s\" entries must be integers in [0, %d]", key, 1 << 30);
+        if (!v->child) FAIL("\"%s\" is an empty list", key);
+        int i = 0, id;
+        for (const cJSON *e = v->child; e; e = e->next, i++)   /* every entry checked, though only the first is used */
+            if (!json_int_in(e, 0, 1 << 30, i ? &id : out))
+                FAIL("\"%s\"[%d] must be an integer in [0, %d]", key, i, 1 << 30);
         return 0;
     }
     return get_int(o, key, def, 0, 1 << 30, out, err, errlen);
@@ -611,28 +614,8 @@ int config_load(model_config *c, const char *dir, const char *config_map, char *
 {
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        snprintf(err, errlen, "%s: %s", path, strerror(errno));
-        return KDA_EIO;
-    }
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    if (n < 0 || n > (16 << 20)) {
-        fclose(f);
-        snprintf(err, errlen, "%s: unreasonable size", path);
-        return KDA_EFORMAT;
-    }
-    char *buf = malloc((size_t)n + 1);
-    if (!buf) {
-        fclose(f);
-        snprintf(err, errlen, "out of memory");
-        return KDA_ENOMEM;
-    }
-    size_t got = fread(buf, 1, (size_t)n, f);
-    fclose(f);
-    buf[got] = 0;
+    char *buf = kda_file_read(path, KDA_MAX_CONFIG_BYTES, NULL, err, errlen);
+    if (!buf) return errno == ENOMEM ? KDA_ENOMEM : errno == EFBIG ? KDA_EFORMAT : KDA_EIO;
     int rc = config_parse_mapped(c, buf, config_map, err, errlen);
     free(buf);
     return rc;

@@ -25,27 +25,16 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "kda_file.h"
 #include "model.h"
 
-#define MAP_MAX_BYTES (1 << 20)
 #define MAP_FAIL(...) do { snprintf(err, errlen, __VA_ARGS__); rc = KDA_EFORMAT; goto out; } while (0)
 
 static char *read_small_file(const char *path, char *err, size_t errlen)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        snprintf(err, errlen, "config map %s: %s", path, strerror(errno));
-        return NULL;
-    }
-    char *buf = malloc(MAP_MAX_BYTES + 1);
-    size_t n = buf ? fread(buf, 1, MAP_MAX_BYTES + 1, f) : 0;
-    fclose(f);
-    if (!buf || n > MAP_MAX_BYTES) {
-        free(buf);
-        snprintf(err, errlen, "config map %s: %s", path, buf ? "larger than 1 MiB" : "out of memory");
-        return NULL;
-    }
-    buf[n] = 0;
+    char why[512];
+    char *buf = kda_file_read(path, KDA_MAX_MAP_BYTES, NULL, why, sizeof why);
+    if (!buf) snprintf(err, errlen, "config map %s", why);
     return buf;
 }
 

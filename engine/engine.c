@@ -182,7 +182,15 @@ int kda_engine_open(kda_engine **out, const kda_engine_opts *o, char *err, size_
     }
     int rc = config_load(&e->cfg, o->model_dir, o->config_map, err, errlen);
     if (rc) goto fail;
-    rc = st_open_dir(&e->st, o->model_dir, err, errlen);
+    const char *dev = o->device ? o->device : "cpu";
+    if (!strcmp(dev, "auto")) dev = cuda_device_available() ? "cuda" : "cpu";
+    /* The weights file may change underneath a long-running process: the CPU
+     * backend computes from a private copy (a mapping would SIGBUS once the
+     * file is truncated, or mix old and new weights once it is rewritten);
+     * the CUDA backend reads the mapping once, at upload, and it is dropped
+     * right after (below). */
+    const int cpu = !strcmp(dev, "cpu");
+    rc = cpu ? st_open_dir_private(&e->st, o->model_dir, err, errlen) : st_open_dir(&e->st, o->model_dir, err, errlen);
     if (rc) goto fail;
     rc = weights_bind(&e->w, &e->cfg, e->st, o->name_map, err, errlen);
     if (rc) goto fail;
@@ -218,12 +226,20 @@ int kda_engine_open(kda_engine **out, const kda_engine_opts *o, char *err, size_
     };
     if (o->tuning) bp.tuning = *o->tuning;
     else kda_tuning_defaults(&bp.tuning);
-    const char *dev = o->device ? o->device : "cpu";
-    if (!strcmp(dev, "auto")) dev = cuda_device_available() ? "cuda" : "cpu";
-    if (!strcmp(dev, "cpu")) {
+    if (cpu) {
         rc = cpu_backend_create(&e->be, &bp, err, errlen);
     } else if (!strcmp(dev, "cuda")) {
         rc = cuda_backend_create(&e->be, &bp, err, errlen);
+        if (!rc) {
+            /* the weights now live in device memory; nothing reads the host
+             * views again, so the mapping goes (and with it any way for the
+             * file to reach the process) */
+            model_weights sizes = {.n_params = e->w.n_params, .bytes = e->w.bytes};
+            weights_free(&e->w);
+            e->w = sizes;
+            st_close(e->st);
+            e->st = NULL;
+        }
     } else {
         snprintf(err, errlen, "unknown device \"%s\" (expected cpu, cuda or auto)", dev);
         rc = KDA_EINVAL;

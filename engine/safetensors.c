@@ -26,6 +26,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "kda_file.h"
+
 #define ST_MAX_HEADER   100000000ull          /* the reference's limit */
 #define ST_MAX_JSON_INT 9007199254740992.0    /* 2^53: doubles are exact below */
 #define ST_MAX_INDEX    (64u << 20)           /* index.json is a few KB in practice */
@@ -417,23 +419,51 @@ done:
 
 /* ---- files and directories --------------------------------------------- */
 
-/* Maps path and appends it (and its tensors) to s. On error s is unchanged. */
-static int st_add_file(st_set *s, const char *path, char *err, size_t errlen) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return st_fail(err, errlen, "%s: cannot open: %s", path, strerror(errno));
-    struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        int e = errno;
-        close(fd);
-        return st_fail(err, errlen, "%s: cannot stat: %s", path, strerror(e));
+/* Reads the whole of fd (size bytes) into fresh anonymous memory, page
+ * aligned like a mapping (st_close munmaps either), then drops the file's
+ * pages from the page cache so the weights are not held twice. A file that
+ * shrinks while it is read is an error naming it. */
+static void *st_read_private(int fd, size_t size, const char *path, char *err, size_t errlen) {
+    void *mem = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (mem == MAP_FAILED) {
+        st_fail(err, errlen, "%s: cannot allocate %zu bytes to read it into: %s", path, size, strerror(errno));
+        return NULL;
     }
-    if (S_ISDIR(sb.st_mode)) { close(fd); return st_fail(err, errlen, "%s: is a directory", path); }
-    if (!S_ISREG(sb.st_mode)) { close(fd); return st_fail(err, errlen, "%s: not a regular file", path); }
+    size_t got = 0;
+    while (got < size) {
+        ssize_t r = pread(fd, (char *)mem + got, size - got, (off_t)got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            if (r < 0) st_fail(err, errlen, "%s: read failed: %s", path, strerror(errno));
+            else st_fail(err, errlen, "%s: changed while it was read (%zu of %zu bytes)", path, got, size);
+            munmap(mem, size);
+            return NULL;
+        }
+        got += (size_t)r;
+    }
+    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    mprotect(mem, size, PROT_READ);   /* as read-only as the mapping it replaces */
+    return mem;
+}
+
+/* Maps (or, with copy, reads) path and appends it (and its tensors) to s.
+ * On error s is unchanged. */
+static int st_add_file(st_set *s, const char *path, int copy, char *err, size_t errlen) {
+    struct stat sb;
+    char why[512];
+    int fd = kda_file_open(path, &sb, why, sizeof why);   /* a FIFO or device: an error at once, never a hang */
+    if (fd < 0) return st_fail(err, errlen, "%s", why);
     if ((uint64_t)sb.st_size > SIZE_MAX) { close(fd); return st_fail(err, errlen, "%s: too large", path); }
 
     size_t size = (size_t)sb.st_size;
     void *map = NULL;
-    if (size > 0) {      /* mmap of length 0 is EINVAL; st_parse reports it as too short */
+    if (size > 0 && copy) {
+        map = st_read_private(fd, size, path, err, errlen);
+        if (!map) {
+            close(fd);
+            return -1;
+        }
+    } else if (size > 0) {      /* mmap of length 0 is EINVAL; st_parse reports it as too short */
         map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
         if (map == MAP_FAILED) {
             int e = errno;
@@ -441,7 +471,7 @@ static int st_add_file(st_set *s, const char *path, char *err, size_t errlen) {
             return st_fail(err, errlen, "%s: mmap of %zu bytes failed: %s", path, size, strerror(e));
         }
     }
-    close(fd);       /* the mapping keeps the file alive */
+    close(fd);       /* the mapping keeps the file alive; a copy needs it no more */
 
     st_file *files = realloc(s->files, (size_t)(s->n_files + 1) * sizeof *files);
     char *dup = strdup(path);
@@ -468,7 +498,7 @@ int st_open_file(st_set **out, const char *path, char *err, size_t errlen) {
     *out = NULL;
     st_set *s = calloc(1, sizeof *s);
     if (!s) return st_fail(err, errlen, "%s: out of memory", path);
-    if (st_add_file(s, path, err, errlen)) { st_close(s); return -1; }
+    if (st_add_file(s, path, 0, err, errlen)) { st_close(s); return -1; }
     *out = s;
     return 0;
 }
@@ -480,28 +510,16 @@ static char *st_join(const char *dir, const char *name) {
     return p;
 }
 
-/* Whole small file into a terminated buffer; NULL with errno set on failure. */
-static char *st_slurp(const char *path, size_t max) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    char *buf = malloc(max + 1);
-    size_t n = buf ? fread(buf, 1, max + 1, f) : 0;
-    int bad = !buf || ferror(f) || n > max;
-    fclose(f);
-    if (bad) { free(buf); errno = buf ? EFBIG : ENOMEM; return NULL; }
-    buf[n] = 0;
-    return buf;
-}
-
 /* A shard name from the index is joined to the model directory, so it must
  * not be able to point anywhere else. */
 static int st_plain_file_name(const char *n) {
     return n[0] && !strchr(n, '/') && !strstr(n, "..");
 }
 
-static int st_open_index(st_set *s, const char *dir, const char *ipath, char *err, size_t errlen) {
-    char *text = st_slurp(ipath, ST_MAX_INDEX);
-    if (!text) return st_fail(err, errlen, "%s: cannot read: %s", ipath, strerror(errno));
+static int st_open_index(st_set *s, const char *dir, const char *ipath, int copy, char *err, size_t errlen) {
+    char why[512];
+    char *text = kda_file_read(ipath, ST_MAX_INDEX, NULL, why, sizeof why);
+    if (!text) return st_fail(err, errlen, "%s", why);
     cJSON *root = cJSON_Parse(text);
     free(text);
     int rc = -1;
@@ -529,7 +547,7 @@ static int st_open_index(st_set *s, const char *dir, const char *ipath, char *er
         if (seen) continue;
         char *path = st_join(dir, e->valuestring);
         if (!path) { st_fail(err, errlen, "%s: out of memory", ipath); goto done; }
-        int r = st_add_file(s, path, err, errlen);
+        int r = st_add_file(s, path, copy, err, errlen);
         free(path);
         if (r) goto done;
     }
@@ -554,7 +572,7 @@ done:
     return rc;
 }
 
-int st_open_dir(st_set **out, const char *dir, char *err, size_t errlen) {
+static int st_open_dir_as(st_set **out, const char *dir, int copy, char *err, size_t errlen) {
     *out = NULL;
     struct stat sb;
     if (stat(dir, &sb) != 0) return st_fail(err, errlen, "%s: %s", dir, strerror(errno));
@@ -566,9 +584,9 @@ int st_open_dir(st_set **out, const char *dir, char *err, size_t errlen) {
     int rc = -1;
     if (!ipath || !mpath || !s) { st_fail(err, errlen, "%s: out of memory", dir); goto done; }
     if (access(ipath, F_OK) == 0)
-        rc = st_open_index(s, dir, ipath, err, errlen);
+        rc = st_open_index(s, dir, ipath, copy, err, errlen);
     else if (access(mpath, F_OK) == 0)
-        rc = st_add_file(s, mpath, err, errlen);
+        rc = st_add_file(s, mpath, copy, err, errlen);
     else
         st_fail(err, errlen, "%s: neither model.safetensors nor model.safetensors.index.json "
                 "found", dir);
@@ -578,4 +596,12 @@ done:
     if (rc) { st_close(s); return -1; }
     *out = s;
     return 0;
+}
+
+int st_open_dir(st_set **out, const char *dir, char *err, size_t errlen) {
+    return st_open_dir_as(out, dir, 0, err, errlen);
+}
+
+int st_open_dir_private(st_set **out, const char *dir, char *err, size_t errlen) {
+    return st_open_dir_as(out, dir, 1, err, errlen);
 }

@@ -1,8 +1,8 @@
 /*
  * safetensors.h - zero-copy reader for .safetensors files (st_ prefix).
  *
- * A file is mmapped read-only; tensors are views into the mapping, valid
- * until st_close(). The header is validated completely before any view is
+ * A file is mmapped read-only (or read into private memory:
+ * st_open_dir_private); tensors are views into it, valid until st_close(). The header is validated completely before any view is
  * handed out: 8-byte length inside the file, JSON object, every entry a known
  * dtype with a shape whose element count times dtype size equals its byte
  * range (overflow-checked), offsets inside the data section, ranges sorted
@@ -54,6 +54,13 @@ int st_open_file(st_set **out, const char *path, char *err, size_t errlen);
  * its shards (every shard listed in weight_map is opened once; a tensor the
  * index maps to a shard that lacks it is an error; a name in two shards too). */
 int st_open_dir(st_set **out, const char *dir, char *err, size_t errlen);
+/* The same, each file read into private anonymous memory instead of mapped:
+ * the views then no longer depend on the file, which may be truncated or
+ * rewritten underneath without effect (a mapping would give SIGBUS on the
+ * next touch of a page past the new end, or silently mixed weights). What
+ * a long-running server wants; costs the files' size in anonymous memory,
+ * which the mapping's pages would take once touched anyway. */
+int st_open_dir_private(st_set **out, const char *dir, char *err, size_t errlen);
 /* Validate a header held in memory (what st_open_file does after mmap; exposed
  * for tests and fuzzing). buf is the whole file. On success fills s's tensors
  * for that one file index. */

@@ -20,7 +20,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include "kda_file.h"
 #include "model.h"
 #include "safetensors.h"
 
@@ -95,9 +98,21 @@ static void map_name(const name_rule *rules, int n, const char *canon, char *out
 /* Name-map file: one rule per line, "canonical checkpoint", '#' comments. */
 static int name_map_load(name_map *m, const char *path, char *err, size_t errlen)
 {
-    FILE *f = fopen(path, "r");
+    struct stat st;
+    char why[512];
+    int fd = kda_file_open(path, &st, why, sizeof why);
+    if (fd >= 0 && st.st_size > (off_t)KDA_MAX_MAP_BYTES) {
+        snprintf(why, sizeof why, "%s: larger than %u MiB", path, KDA_MAX_MAP_BYTES >> 20);
+        close(fd);
+        fd = -1;
+    }
+    FILE *f = fd >= 0 ? fdopen(fd, "r") : NULL;
     if (!f) {
-        snprintf(err, errlen, "name map %s: %s", path, strerror(errno));
+        if (fd >= 0) {
+            snprintf(why, sizeof why, "%s: out of memory", path);
+            close(fd);
+        }
+        snprintf(err, errlen, "name map %s", why);
         return KDA_EIO;
     }
     char line[1024];

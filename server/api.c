@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "fields.h"
+#include "json_body.h"
 #include "log.h"
 
 #define API_MAX_STOPS 16
@@ -318,7 +319,7 @@ typedef struct {
     double temperature, top_p, min_p, repetition_penalty, presence_penalty, frequency_penalty;
     long top_k;
     int has_seed;
-    uint64_t seed;
+    int64_t seed;
     char *stops[API_MAX_STOPS];
     int n_stops;
     int ignore_eos;
@@ -375,10 +376,28 @@ static int add_stop(gen_params *g, const cJSON *s, api_error *e)
     return 0;
 }
 
-static int parse_gen_params(const api_ctx *ctx, const cJSON *o, gen_params *g, api_error *e)
+/* The request body's text, for what cJSON's doubles lose (json_body.h). */
+typedef struct { const char *p; size_t n; } body_src;
+
+/* Seeds are int64 as vLLM takes them (negative ones too), read exactly from
+ * the body's text: cJSON's double would round anything beyond 2^53. */
+static int get_seed(const body_src *src, const cJSON *o, gen_params *g, api_error *e)
+{
+    const cJSON *s = field(o, "seed");
+    if (!s) return 0;
+    const char *text;
+    size_t n;
+    int64_t v;
+    if (!cJSON_IsNumber(s) || json_body_member_text(src->p, src->n, o, "seed", &text, &n) || json_exact_int64(text, n, &v))
+        return fail_p(e, 400, "seed", "\"seed\" must be an integer in [-9223372036854775808, 9223372036854775807]");
+    g->has_seed = 1;
+    g->seed = v;
+    return 0;
+}
+
+static int parse_gen_params(const api_ctx *ctx, const cJSON *o, const body_src *src, gen_params *g, api_error *e)
 {
     *g = (gen_params){.max_tokens = 16, .temperature = 1, .top_p = 1, .repetition_penalty = 1};
-    double seed = 0;
     if (get_int(o, "max_tokens", 0, ctx->max_seq_len, &g->max_tokens, e) ||
         get_num(o, "temperature", 0, 100, 0, &g->temperature, e) ||
         get_num(o, "top_p", 0, 1, 1, &g->top_p, e) ||
@@ -388,18 +407,9 @@ static int parse_gen_params(const api_ctx *ctx, const cJSON *o, gen_params *g, a
         get_num(o, "frequency_penalty", -2, 2, 0, &g->frequency_penalty, e) ||
         get_int(o, "top_k", -1, ctx->vocab_size, &g->top_k, e) ||
         get_bool(o, "ignore_eos", &g->ignore_eos, e) ||
-        get_int(o, "min_tokens", 0, ctx->max_seq_len, &g->min_tokens, e))
+        get_int(o, "min_tokens", 0, ctx->max_seq_len, &g->min_tokens, e) || get_seed(src, o, g, e))
         return -1;
     if (g->top_k < 0) g->top_k = 0;   /* vLLM spells "off" as -1 */
-    cJSON *s = field(o, "seed");
-    if (s) {
-        seed = s->valuedouble;
-        /* JSON numbers are doubles: beyond 2^53 a seed could not be echoed back exactly. */
-        if (!cJSON_IsNumber(s) || seed != floor(seed) || seed < 0 || seed > 9007199254740991.0)
-            return fail_p(e, 400, "seed", "\"seed\" must be an integer in [0, 9007199254740991]");
-        g->has_seed = 1;
-        g->seed = (uint64_t)seed;
-    }
     if (parse_logit_bias(ctx, o, g, e)) { gen_params_free(g); return -1; }
     cJSON *stop = field(o, "stop");
     if (stop) {
@@ -422,13 +432,26 @@ static int check_min_tokens(const gen_params *g, api_error *e)
                   g->max_tokens);
 }
 
-/* Requests without a seed still get a distinct one each. */
-static uint64_t random_seed(void)
+/* Requests without a seed still get a distinct one each, echoed so the run
+ * can be repeated. Below 2^53, so clients that read JSON numbers as doubles
+ * (JavaScript, the playground) can send it back unchanged. */
+static int64_t random_seed(void)
 {
     static _Atomic uint64_t counter;
     uint64_t c = atomic_fetch_add(&counter, 1);
-    return kda_splitmix64((uint64_t)(srv_wall() * 1e9) ^ kda_splitmix64(c)) >> 11;   /* < 2^53: reported exactly */
+    return (int64_t)(kda_splitmix64((uint64_t)(srv_wall() * 1e9) ^ kda_splitmix64(c)) >> 11);
 }
+
+/* The seed the request's tasks draw with: the one sent, else a fresh one;
+ * choice c of n draws with seed + c (mod 2^64), so the one echoed seed
+ * repeats every choice. */
+static int64_t request_seed(api_job *j, const gen_params *g)
+{
+    j->seed = g->has_seed ? g->seed : random_seed();
+    return j->seed;
+}
+
+static uint64_t choice_seed(int64_t base, int c) { return (uint64_t)base + (uint64_t)c; }
 
 static int check_context(const api_ctx *ctx, int n_prompt, long max_tokens, int index, int many, api_error *e)
 {
@@ -599,7 +622,7 @@ static int check_model(const api_ctx *ctx, const cJSON *o, api_error *e)
     return 0;
 }
 
-static int parse_generate(const api_ctx *ctx, const cJSON *o, api_job *j, api_error *e)
+static int parse_generate(const api_ctx *ctx, const cJSON *o, const body_src *src, api_job *j, api_error *e)
 {
     gen_params g;
     int add_bos = 1, bos_given = 0, rc = -1;
@@ -607,7 +630,7 @@ static int parse_generate(const api_ctx *ctx, const cJSON *o, api_job *j, api_er
     if (check_model(ctx, o, e)) return -1;
     input *in = calloc(1, sizeof *in);
     if (!in) return fail(e, 500, "out of memory");
-    if (parse_gen_params(ctx, o, &g, e)) { free(in); return -1; }
+    if (parse_gen_params(ctx, o, src, &g, e)) { free(in); return -1; }
     if (check_min_tokens(&g, e) || get_bool(o, "stream", &j->stream, e) || get_bool(o, "add_bos", &add_bos, e)) goto out;
     bos_given = field(o, "add_bos") != NULL;
     cJSON *lp = field(o, "logprobs");
@@ -630,7 +653,7 @@ static int parse_generate(const api_ctx *ctx, const cJSON *o, api_job *j, api_er
     j->n = 1;
     if (job_alloc(j, 1)) { fail(e, 500, "out of memory"); goto out; }
     sched_task *task = &j->client->tasks[0];
-    fill_task(ctx, task, &g, in, g.has_seed ? g.seed : random_seed());
+    fill_task(ctx, task, &g, in, choice_seed(request_seed(j, &g), 0));
     task->logprobs = j->logprobs;
     task->n_top = j->n_top;
     if (copy_prompt(task, in) || copy_stops_and_bias(task, &g)) { fail(e, 500, "out of memory"); goto out; }
@@ -705,14 +728,14 @@ static int parse_stream_options(const cJSON *o, api_job *j, api_error *e)
     return 0;
 }
 
-static int parse_completions(const api_ctx *ctx, const cJSON *o, api_job *j, api_error *e)
+static int parse_completions(const api_ctx *ctx, const cJSON *o, const body_src *src, api_job *j, api_error *e)
 {
     gen_params g;
     long n = 1, n_top = -1;
     int rc = -1, n_in = 0;
     input *ins = NULL;
     if (check_model(ctx, o, e)) return -1;
-    if (parse_gen_params(ctx, o, &g, e)) return -1;
+    if (parse_gen_params(ctx, o, src, &g, e)) return -1;
     if (check_min_tokens(&g, e) || get_int(o, "n", 1, API_MAX_N, &n, e) || get_int(o, "logprobs", 0, API_MAX_TOP, &n_top, e) ||
         get_bool(o, "echo", &j->echo, e) || get_bool(o, "stream", &j->stream, e))
         goto out;
@@ -748,14 +771,13 @@ static int parse_completions(const api_ctx *ctx, const cJSON *o, api_job *j, api
     j->n_inputs = n_in;
     j->n = (int)n;
     if (job_alloc(j, n_in * (int)n)) { fail(e, 500, "out of memory"); goto out; }
-    uint64_t base = g.has_seed ? g.seed : random_seed();
+    int64_t base = request_seed(j, &g);
     for (int i = 0; i < n_in; i++) {
         j->echo_text[i] = ins[i].text;
         ins[i].text = NULL;
         for (int c = 0; c < n; c++) {
             sched_task *t = &j->client->tasks[i * n + c];
-            /* choice c draws with seed + c, as the issue specifies for n > 1 */
-            fill_task(ctx, t, &g, &ins[i], g.has_seed ? base + (uint64_t)c : random_seed());
+            fill_task(ctx, t, &g, &ins[i], choice_seed(base, c));
             t->logprobs = j->logprobs;
             t->n_top = j->n_top;
             t->prompt_logprobs = j->echo && j->logprobs;
@@ -861,7 +883,7 @@ static int chat_prompt(const api_ctx *ctx, const cJSON *o, char **text, api_erro
     return 0;
 }
 
-static int parse_chat(const api_ctx *ctx, const cJSON *o, api_job *j, api_error *e)
+static int parse_chat(const api_ctx *ctx, const cJSON *o, const body_src *src, api_job *j, api_error *e)
 {
     gen_params g;
     long n = 1, n_top = 0, mct = -1;
@@ -869,7 +891,7 @@ static int parse_chat(const api_ctx *ctx, const cJSON *o, api_job *j, api_error 
     input *in = NULL;
     char *text = NULL;
     if (check_model(ctx, o, e)) return -1;
-    if (parse_gen_params(ctx, o, &g, e)) return -1;
+    if (parse_gen_params(ctx, o, src, &g, e)) return -1;
     if (get_int(o, "max_completion_tokens", 0, ctx->max_seq_len, &mct, e) || get_int(o, "n", 1, API_MAX_N, &n, e) ||
         get_bool(o, "logprobs", &lp, e) || get_int(o, "top_logprobs", 0, API_MAX_TOP, &n_top, e) ||
         get_bool(o, "stream", &j->stream, e) || get_bool(o, "echo", &j->echo, e) ||
@@ -916,10 +938,10 @@ static int parse_chat(const api_ctx *ctx, const cJSON *o, api_job *j, api_error 
     j->n_inputs = 1;
     j->n = (int)n;
     if (job_alloc(j, (int)n)) { fail(e, 500, "out of memory"); goto out; }
-    uint64_t base = g.has_seed ? g.seed : random_seed();
+    int64_t base = request_seed(j, &g);
     for (int c = 0; c < n; c++) {
         sched_task *t = &j->client->tasks[c];
-        fill_task(ctx, t, &g, in, g.has_seed ? base + (uint64_t)c : random_seed());
+        fill_task(ctx, t, &g, in, choice_seed(base, c));
         t->logprobs = j->logprobs;
         t->n_top = j->n_top;
         if (copy_prompt(t, in) || copy_stops_and_bias(t, &g)) { fail(e, 500, "out of memory"); goto out; }
@@ -933,16 +955,20 @@ out:
     return rc;
 }
 
+/* Every body: one JSON object, nothing after it, no NUL in any string. */
+static cJSON *parse_object(const char *body, size_t len, api_error *e)
+{
+    cJSON *o = json_body_parse(body, len, e->message, sizeof e->message, e->param, sizeof e->param);
+    if (!o) e->status = 400;
+    return o;
+}
+
 int api_parse(const api_ctx *ctx, int kind, const char *body, size_t len, api_job **out, api_error *e)
 {
     *out = NULL;
-    cJSON *o = cJSON_ParseWithLength(body, len);
-    if (!o) {
-        const char *at = cJSON_GetErrorPtr();
-        long off = at && at >= body && at <= body + len ? (long)(at - body) : -1;
-        return fail(e, 400, "malformed JSON in the request body (near byte %ld)", off);
-    }
-    if (!cJSON_IsObject(o)) { cJSON_Delete(o); return fail(e, 400, "the request body must be a JSON object"); }
+    cJSON *o = parse_object(body, len, e);
+    if (!o) return -1;
+    const body_src src = {body, len};
     api_job *j = calloc(1, sizeof *j);
     if (!j) { cJSON_Delete(o); return fail(e, 500, "out of memory"); }
     j->kind = kind;
@@ -950,13 +976,13 @@ int api_parse(const api_ctx *ctx, int kind, const char *body, size_t len, api_jo
     j->created = (long)srv_wall();
     static _Atomic unsigned long next_id;
     snprintf(j->id, sizeof j->id, "%s-%016llx", kind == API_COMPLETIONS ? "cmpl" : kind == API_CHAT ? "chatcmpl" : "req",
-             (unsigned long long)kda_splitmix64(random_seed() ^ atomic_fetch_add(&next_id, 1)));
+             (unsigned long long)kda_splitmix64((uint64_t)random_seed() ^ atomic_fetch_add(&next_id, 1)));
     int rc = api_check_fields(kind, o, e);
     if (!rc)
-        rc = kind == API_GENERATE ? parse_generate(ctx, o, j, e)
+        rc = kind == API_GENERATE ? parse_generate(ctx, o, &src, j, e)
            : kind == API_SCORE ? parse_score(ctx, o, j, e)
-           : kind == API_CHAT ? parse_chat(ctx, o, j, e)
-           : parse_completions(ctx, o, j, e);
+           : kind == API_CHAT ? parse_chat(ctx, o, &src, j, e)
+           : parse_completions(ctx, o, &src, j, e);
     cJSON_Delete(o);
     if (rc) { api_job_free(j); return -1; }
     j->client->stream = j->stream;
@@ -1006,11 +1032,11 @@ char *api_error_json(int status, const char *message, size_t *len)
     return api_error_json_param(status, message, NULL, len);
 }
 
-/* Integers up to 2^53 exactly (cJSON prints large doubles in exponent form). */
-static void add_u53(cJSON *o, const char *name, uint64_t v)
+/* Every digit of a 64-bit integer (cJSON prints numbers as doubles). */
+static void add_i64(cJSON *o, const char *name, int64_t v)
 {
     char buf[24];
-    snprintf(buf, sizeof buf, "%llu", (unsigned long long)v);
+    snprintf(buf, sizeof buf, "%lld", (long long)v);
     cJSON_AddRawToObject(o, name, buf);
 }
 
@@ -1130,6 +1156,7 @@ static cJSON *oa_envelope(const api_job *j)
                                                              : "text_completion");
     cJSON_AddNumberToObject(o, "created", (double)j->created);
     cJSON_AddStringToObject(o, "model", j->ctx->model_name);
+    if (j->kind != API_SCORE) add_i64(o, "seed", j->seed);   /* not OpenAI's: what repeats the run */
     return o;
 }
 
@@ -1228,7 +1255,7 @@ char *api_render(api_job *j, int *status, size_t *len)
         if (j->logprobs) cJSON_AddItemToObject(o, "logprobs", generate_logprobs(&t->out, t->n_top));
         cJSON_AddItemToObject(o, "usage", usage(t->n_prompt, t->n_gen, t->n_cached));
         cJSON_AddItemToObject(o, "timings", timings(t));
-        add_u53(o, "seed", t->seed);
+        add_i64(o, "seed", j->seed);
     } else if (j->kind == API_SCORE) {
         long n_tok = 0, n_cached = 0;
         for (int i = 0; i < c->n_tasks; i++) n_tok += c->tasks[i].n_prompt, n_cached += c->tasks[i].n_cached;
@@ -1406,7 +1433,7 @@ int api_render_stream(api_job *j, api_buf *out)
                 cJSON_AddStringToObject(ev, "finish_reason", finish_name(j->kind, fin[i]));
                 cJSON_AddItemToObject(ev, "usage", usage(t->n_prompt, t->n_gen, t->n_cached));
                 cJSON_AddItemToObject(ev, "timings", timings(t));
-                add_u53(ev, "seed", t->seed);
+                add_i64(ev, "seed", j->seed);
             }
             sse(out, ev);
         } else if (j->kind == API_CHAT) {
@@ -1436,14 +1463,6 @@ int api_render_stream(api_job *j, api_buf *out)
 }
 
 /* ---- small endpoints ---- */
-
-static cJSON *parse_object(const char *body, size_t len, api_error *e)
-{
-    cJSON *o = cJSON_ParseWithLength(body, len);
-    if (!o) { fail(e, 400, "malformed JSON in the request body"); return NULL; }
-    if (!cJSON_IsObject(o)) { cJSON_Delete(o); fail(e, 400, "the request body must be a JSON object"); return NULL; }
-    return o;
-}
 
 static cJSON *pieces_of(const api_ctx *ctx, const int32_t *ids, int n)
 {

@@ -8,6 +8,7 @@
 #define SRV_API_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "chat.h"
 #include "scheduler.h"
@@ -61,6 +62,7 @@ struct api_job {
     char **echo_text;       /* [n_inputs] prompt text for echo */
     char id[48];
     long created;
+    int64_t seed;           /* sent or drawn; echoed in the response; choice c draws with seed + c */
     sched_client *client;   /* n_inputs * n tasks, prompt-major */
     sched_out *spare;       /* [n_tasks] drained output (streaming) */
     int *reported;          /* [n_tasks] final chunk rendered */

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "jinja.h"
+#include "kda_file.h"
 
 struct chat_template {
     char name[512];
@@ -47,28 +48,12 @@ static const struct { const char *name; const char *src; } builtins[] = {
 
 const char *chat_builtin_names(void) { return "llama-2, chatml, plain"; }
 
+/* A template or tokenizer_config.json: a regular file under the tokenizer
+ * cap (kda_file.h), so a FIFO or /dev/zero in the model directory is an
+ * error naming it rather than a hang or a read without end. */
 static char *read_file(const char *path, size_t *len, char *err, size_t errlen)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) { snprintf(err, errlen, "%s: %s", path, strerror(errno)); return NULL; }
-    char *buf = NULL;
-    size_t n = 0, cap = 0;
-    for (;;) {
-        if (n + 4096 + 1 > cap) {
-            cap = cap ? cap * 2 : 8192;
-            if (cap > (64u << 20)) { snprintf(err, errlen, "%s: larger than 64 MiB", path); free(buf); fclose(f); return NULL; }
-            char *p = realloc(buf, cap);
-            if (!p) { snprintf(err, errlen, "out of memory"); free(buf); fclose(f); return NULL; }
-            buf = p;
-        }
-        size_t got = fread(buf + n, 1, 4096, f);
-        n += got;
-        if (got < 4096) break;
-    }
-    fclose(f);
-    buf[n] = '\0';
-    *len = n;
-    return buf;
+    return kda_file_read(path, KDA_MAX_TOKENIZER_BYTES, len, err, errlen);
 }
 
 static int make(chat_template **out, const char *name, const char *src, size_t len, char *err, size_t errlen)
@@ -107,6 +92,7 @@ int chat_template_load(const char *flag, const char *model_dir, chat_template **
     cJSON *cfg = NULL;
     snprintf(path, sizeof path, "%s/tokenizer_config.json", model_dir);
     char *cfg_text = read_file(path, &len, err, errlen);
+    if (!cfg_text && errno != ENOENT) return -1;   /* there but unreadable: a setup error naming it */
     if (cfg_text) {
         cfg = cJSON_ParseWithLength(cfg_text, len);
         free(cfg_text);
@@ -141,6 +127,7 @@ int chat_template_load(const char *flag, const char *model_dir, chat_template **
     }
     snprintf(path, sizeof path, "%s/chat_template.jinja", model_dir);
     char *src = read_file(path, &len, err, errlen);
+    if (!src && errno != ENOENT) { rc = -1; goto done; }
     if (src) {
         rc = make(out, path, src, len, err, errlen);
         free(src);

@@ -7,9 +7,12 @@
 
 #include <sentencepiece_processor.h>
 
+#include "kda_file.h"
+
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <new>
 #include <string>
 #include <vector>
@@ -23,17 +26,28 @@ static void set_err(char *err, size_t errlen, const std::string &what, const std
     if (err && errlen) snprintf(err, errlen, "tokenizer: %s: %s", what.c_str(), why.c_str());
 }
 
+/* The file is read here (kda_file: a regular file under the tokenizer cap,
+ * never a FIFO or /dev/zero) and handed over as bytes; SentencePiece's own
+ * Load(path) would open anything. The model is owned by a unique_ptr until
+ * it is returned, so no failure path (an exception included) leaks it. */
 extern "C" spm_model *spm_load(const char *path, char *err, size_t errlen) {
     try {
-        spm_model *m = new spm_model;
-        const auto st = m->sp.Load(path);
+        char why[512];
+        size_t len = 0;
+        std::unique_ptr<char, decltype(&free)> bytes(kda_file_read(path, KDA_MAX_TOKENIZER_BYTES, &len, why, sizeof why),
+                                                     &free);
+        if (!bytes) {
+            if (err && errlen) snprintf(err, errlen, "tokenizer: %s", why);
+            return nullptr;
+        }
+        auto m = std::make_unique<spm_model>();
+        const auto st = m->sp.LoadFromSerializedProto(std::string_view(bytes.get(), len));
         if (!st.ok()) {
             set_err(err, errlen, std::string("cannot load ") + path, st.ToString());
-            delete m;
             return nullptr;
         }
         m->vocab = m->sp.GetPieceSize();
-        return m;
+        return m.release();
     } catch (const std::exception &e) {
         set_err(err, errlen, std::string("cannot load ") + path, e.what());
         return nullptr;

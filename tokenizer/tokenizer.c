@@ -19,6 +19,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "kda_file.h"
 #include "tok_internal.h"
 
 static int fail(char *err, size_t errlen, const char *msg, const char *arg) {
@@ -54,31 +55,6 @@ int tok_open_spm(tok_tokenizer **out, const char *model_path, char *err, size_t 
     return 0;
 }
 
-/* Reads a whole small file; NULL with errno set on failure. */
-static char *read_file(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    char *buf = NULL;
-    size_t cap = 0, n = 0;
-    for (;;) {
-        if (n + 4096 + 1 > cap) {
-            cap = cap ? cap * 2 : 8192;
-            char *nb = realloc(buf, cap);
-            if (!nb) { free(buf); fclose(f); errno = ENOMEM; return NULL; }
-            buf = nb;
-        }
-        size_t r = fread(buf + n, 1, cap - n - 1, f);
-        n += r;
-        if (r == 0) break;
-    }
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) { free(buf); errno = EIO; return NULL; }
-    buf[n] = '\0';
-    *len = n;
-    return buf;
-}
-
 int tok_open_dir(tok_tokenizer **out, const char *model_dir, char *err, size_t errlen) {
     *out = NULL;
     char path[4096];
@@ -88,11 +64,10 @@ int tok_open_dir(tok_tokenizer **out, const char *model_dir, char *err, size_t e
 
     snprintf(path, sizeof(path), "%s/config.json", model_dir);
     size_t len;
-    char *text = read_file(path, &len);
+    char why[512];
+    char *text = kda_file_read(path, KDA_MAX_CONFIG_BYTES, &len, why, sizeof why);
     if (!text) {
-        if (err && errlen)
-            snprintf(err, errlen, "tokenizer: %s has no tokenizer.model and %s cannot be read: %s",
-                     model_dir, path, strerror(errno));
+        if (err && errlen) snprintf(err, errlen, "tokenizer: %s has no tokenizer.model and %s", model_dir, why);
         return -1;
     }
     cJSON *cfg = cJSON_ParseWithLength(text, len);

@@ -159,6 +159,9 @@ static void test_out_of_range_numbers_never_reach_int(void **st)
     (void)st;
     expect_error("{" KDA_BASE ",\"eos_token_id\":[1e10]}", KDA_EFORMAT, "eos_token_id");
     expect_error("{" KDA_BASE ",\"eos_token_id\":[-3]}", KDA_EFORMAT, "eos_token_id");
+    expect_error("{" KDA_BASE ",\"eos_token_id\":[2, 1e10]}", KDA_EFORMAT, "\"eos_token_id\"[1]");
+    expect_error("{" KDA_BASE ",\"eos_token_id\":[2, \"x\"]}", KDA_EFORMAT, "\"eos_token_id\"[1]");
+    expect_error("{" KDA_BASE ",\"eos_token_id\":-1}", KDA_EFORMAT, "eos_token_id");
     expect_error("{" KDA_BASE ",\"bos_token_id\":1e10}", KDA_EFORMAT, "bos_token_id");
     expect_error("{" KDA_BASE ",\"eos_token_id\":[1e999]}", KDA_EFORMAT, "eos_token_id");
     expect_error("{\"model_type\":\"kda\",\"hidden_size\":1e300,\"num_hidden_layers\":4,\"num_heads\":2,"

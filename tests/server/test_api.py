@@ -225,6 +225,42 @@ def err(r, status, *words):
 
 r = requests.post(U + "/generate", data=b'{"prompt": "x", ', timeout=10)
 check(err(r, 400, "malformed JSON"), "malformed JSON -> 400", r.text)
+
+
+# strict bodies: one JSON value and nothing after it; no NUL in any string (C strings would cut it)
+def raw(path, data):
+    return requests.post(U + path, data=data, timeout=30)
+
+
+def param_of(r):
+    try:
+        return r.json()["error"]["param"]
+    except Exception:
+        return "?"
+
+
+for path, body in [("/generate", b'{"prompt": "ab", "max_tokens": 1}'), ("/score", b'{"text": "ab"}'),
+                   ("/v1/completions", b'{"prompt": "ab", "max_tokens": 1}'), ("/tokenize", b'{"prompt": "ab"}'),
+                   ("/detokenize", b'{"tokens": [97]}')]:
+    check(raw(path, body + b" \n\t").status_code == 200, f"{path}: trailing whitespace is fine")
+    for tail in (b" xyz", b"{}", b"\x00", b" 1"):
+        r = raw(path, body + tail)
+        check(err(r, 400, "after its JSON value"), f"{path}: data after the JSON value ({tail!r}) -> 400", r.text[:120])
+r = raw("/score", b'{"text": "a\\u0000bcdef"}')
+check(err(r, 400, "NUL") and param_of(r) == "text", "score: \"a\\u0000bcdef\" -> 400 naming text (not scored as \"a\")",
+      r.text[:160])
+r = raw("/score", b'{"text": "a\x00bcdef"}')
+check(err(r, 400, "NUL") and param_of(r) == "text", "score: a raw NUL byte in text -> 400 naming text", r.text[:160])
+r = raw("/v1/completions", b'{"model": "demo\\u0000zz", "prompt": "ab", "max_tokens": 1}')
+check(err(r, 400, "NUL") and param_of(r) == "model", "completions: model \"demo\\u0000zz\" -> 400 naming model",
+      r.text[:160])
+r = raw("/generate", b'{"prompt": "ab", "max_tokens": 1, "stop": ["x", "y\\u0000"]}')
+check(err(r, 400, "NUL") and param_of(r) == "stop", "a NUL in a nested string names its top-level field", r.text[:160])
+r = raw("/generate", b'{"prompt": "ab", "max_tokens": 1, "seed\\u0000x": 5}')
+check(err(r, 400, "NUL"), "a NUL in a key -> 400 (it would read as \"seed\")", r.text[:160])
+r = raw("/score", b'{"text": "a\\\\u0000b"}')
+check(r.status_code == 200 and len(r.json()["tokens"]) >= 8, "an escaped backslash before u0000 is plain text",
+      r.text[:160])
 check(err(post("/generate", {"prompt": "x", "temperature": -1}), 400, "temperature", "[0, 100]"),
       "temperature out of range -> 400 naming field and range")
 check(err(post("/generate", {"prompt": "x", "top_p": 2}), 400, "top_p", "(0, 1]"), "top_p out of range -> 400")
