@@ -19,6 +19,7 @@ import random
 import statistics
 import sys
 import time
+import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_prefix import Server  # noqa: E402
@@ -32,6 +33,16 @@ def engine_ms(path, B, T):
         if p.get("kind") == "score" and p.get("B") == B and p.get("T") == T:
             return p.get("ours_ms", p.get("ms"))
     return None
+
+
+def metric_sum(srv, name):
+    """name's value summed over its label sets (0 if absent)"""
+    with urllib.request.urlopen(srv.url + "/metrics", timeout=10) as r:
+        tot = 0.0
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + " ") or line.startswith(name + "{"):
+                tot += float(line.rsplit(None, 1)[1])
+        return tot
 
 
 def main():
@@ -67,17 +78,26 @@ def main():
 
                 list(pool.map(one, range(B)))  # warm-up round
                 walls = []
+                keys = ("vllm:e2e_request_latency_seconds_sum", "vllm:request_queue_time_seconds_sum",
+                        "vllm:request_prefill_time_seconds_sum")
+                m0 = {k: metric_sum(srv, k) for k in keys}
                 for _ in range(a.reps):
                     t0 = time.perf_counter()
                     list(pool.map(one, range(B)))
                     walls.append((time.perf_counter() - t0) * 1e3)
                 e = engine_ms(a.engine_json, B, T)
-                p = {"B": B, "T": T, "server_ms_median": round(statistics.median(walls), 2),
+                # the server's own view per request (its vLLM-style metrics): arrival to end,
+                # queueing, admission to first output; the rest of the client's time is HTTP + JSON
+                n_req = a.reps * B
+                inside = {k.split(":")[1].replace("_seconds_sum", "_ms"): round((metric_sum(srv, k) - m0[k]) / n_req * 1e3, 2)
+                          for k in keys}
+                p = {"B": B, "T": T, "server_ms_median": round(statistics.median(walls), 2), "per_request_inside": inside,
                      "server_ms_min": round(min(walls), 2), "engine_ms": e,
                      "server_over_engine": round(statistics.median(walls) / e, 3) if e else None}
                 res["points"].append(p)
                 print(f"/score {B} x {T}: server {p['server_ms_median']:.1f} ms (min {p['server_ms_min']:.1f})"
-                      + (f", engine {e:.1f} ms, ratio {p['server_over_engine']:.3f}" if e else ""), flush=True)
+                      + (f", engine {e:.1f} ms, ratio {p['server_over_engine']:.3f}" if e else "")
+                      + f"; per request inside the server {inside}", flush=True)
     finally:
         srv.stop()
     if a.out:
