@@ -6,7 +6,10 @@ libgomp's idle threads used to spin at every barrier (300,000 rounds before
 sleeping), holding the cores the working thread and the neighbour needed: ITL
 3.1 ms quiet became 59.7 ms. kda-server sets passive waiting before libgomp
 starts (common/omp_wait.c). The bound: busy ITL <= BOUND x quiet ITL, median
-of a few requests each; skipped when other work already runs on the machine (the
+of a few requests each. A fair share of the cores is 2x; 6x leaves room for a
+noisy machine (passive waiting measured 2.9x and 4.0x on the loaded dev VM, so
+a 4x bound would fail now and then) and still fails the spinning that the
+issue measured at 19x (3.1 -> 59.7 ms); skipped when other work already runs on the machine (the
 figures would be that work's). KDA_THREADS_TEST_ENV="GOMP_SPINCOUNT=300000" runs the
 same test with the old waiting (libgomp's default), which must fail it.
 """
@@ -21,7 +24,7 @@ import requests
 sys.path.insert(0, os.path.dirname(__file__))
 from fixture import SRC, Server, check, finish  # noqa: E402
 
-BOUND = 4.0
+BOUND = 6.0
 NCPU = os.cpu_count() or 1
 DEMO = os.path.join(SRC, "models", "demo")
 env = {"OMP_NUM_THREADS": str(NCPU)}
