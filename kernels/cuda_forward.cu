@@ -84,36 +84,37 @@ static int kda_mixer(cuda_backend *b, const cu_layer *w, int T, int n_items, cud
     return kc_kda_step(&a, s);
 }
 
-/* the config's GQA options into the kernel arguments (both paths) */
-static void gqa_options(const cuda_backend *b, kc_gqa_args *a)
+/* the attention layer's kernel arguments over the pass's T rows (both paths) */
+static void gqa_args(const cuda_backend *b, const cu_layer *w, int T, kc_gqa_args *a)
 {
+    const cp_dims *d = &b->d;
+    memset(a, 0, sizeof *a);
+    a->proj = b->proj;
+    a->ldp = d->ldp;
+    a->off_q = d->gqa_off_q, a->off_k = d->gqa_off_k, a->off_v = d->gqa_off_v, a->off_gate = d->gqa_off_g;
+    a->tok_pos = b->dm.tok_pos;
+    a->tok_slot = b->dm.tok_slot;
+    a->T = T;
+    a->q_norm = w->q_norm, a->k_norm = w->k_norm;
     a->eps = b->c->qk_norm_eps; /* the q/k norm's own eps (llama qk_norm_eps; else norm_eps) */
+    a->Hq = d->Hq, a->Hkv = d->Hkv, a->hd = d->hd, a->rope_dim = d->rope_dim;
+    a->theta = b->c->rope_theta;
     a->rope_inv_freq = b->rope_inv;
     a->window = b->c->window;
+    a->q = b->q;
+    a->kv = b->kv;
+    a->block_stride = d->block_elems;
+    a->layer_off = (size_t)w->gqa_idx * d->kv_layer_elems;
+    a->blk = KV_BLK;
+    a->block_table = b->d_table;
+    a->max_blocks = d->max_blocks;
 }
 
 static int gqa_mixer(cuda_backend *b, const cu_layer *w, int T, int split, cudaStream_t s)
 {
     const cp_dims *d = &b->d;
     kc_gqa_args a;
-    memset(&a, 0, sizeof a);
-    a.proj = b->proj;
-    a.ldp = d->ldp;
-    a.off_q = d->gqa_off_q, a.off_k = d->gqa_off_k, a.off_v = d->gqa_off_v, a.off_gate = d->gqa_off_g;
-    a.tok_pos = b->dm.tok_pos;
-    a.tok_slot = b->dm.tok_slot;
-    a.T = T;
-    a.q_norm = w->q_norm, a.k_norm = w->k_norm;
-    a.Hq = d->Hq, a.Hkv = d->Hkv, a.hd = d->hd, a.rope_dim = d->rope_dim;
-    a.theta = b->c->rope_theta;
-    gqa_options(b, &a);
-    a.q = b->q;
-    a.kv = b->kv;
-    a.block_stride = d->block_elems;
-    a.layer_off = (size_t)w->gqa_idx * d->kv_layer_elems;
-    a.blk = KV_BLK;
-    a.block_table = b->d_table;
-    a.max_blocks = d->max_blocks;
+    gqa_args(b, w, T, &a);
     if (kc_gqa_qkv(&a, s)) return -7;
     const int nsplit = (d->max_seq_len + split - 1) / split;
     return kc_gqa_attn(&a, b->opart, b->ml, nsplit, split, b->ybuf, d->Hq * d->hd, s);
@@ -267,24 +268,7 @@ static int gqa_mixer_prefill(cuda_backend *b, const cu_layer *w, int T, int n_de
 {
     const cp_dims *d = &b->d;
     kc_gqa_args a;
-    memset(&a, 0, sizeof a);
-    a.proj = b->proj;
-    a.ldp = d->ldp;
-    a.off_q = d->gqa_off_q, a.off_k = d->gqa_off_k, a.off_v = d->gqa_off_v, a.off_gate = d->gqa_off_g;
-    a.tok_pos = b->dm.tok_pos;
-    a.tok_slot = b->dm.tok_slot;
-    a.T = T;
-    a.q_norm = w->q_norm, a.k_norm = w->k_norm;
-    a.Hq = d->Hq, a.Hkv = d->Hkv, a.hd = d->hd, a.rope_dim = d->rope_dim;
-    a.theta = b->c->rope_theta;
-    gqa_options(b, &a);
-    a.q = b->q;
-    a.kv = b->kv;
-    a.block_stride = d->block_elems;
-    a.layer_off = (size_t)w->gqa_idx * d->kv_layer_elems;
-    a.blk = KV_BLK;
-    a.block_table = b->d_table;
-    a.max_blocks = d->max_blocks;
+    gqa_args(b, w, T, &a);
     KC_CHECK(kc_gqa_qkv(&a, b->st)); /* q/k norm + RoPE, K/V appended to the cache */
     if (n_dec) {
         const int split = cu_attn_split(b, n_dec), nsplit = (d->max_seq_len + split - 1) / split;
