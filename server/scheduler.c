@@ -30,6 +30,9 @@
  *     one snapshot (rounded to prefill_chunk): snapshots then take at most
  *     as much memory as the KV they save from recomputation, and a later
  *     request sharing a long prefix recomputes fewer than grid tokens;
+ *   - near the end of a long prompt (tail_point: one token before its last
+ *     multiple of 64), where requests branching off late in it would
+ *     otherwise recompute up to a whole grid interval;
  *   - at the end of a prompt-only (scoring) request, and of every finished
  *     generation (all fed tokens: the next turn of a chat hits).
  * A snapshot point cuts the prompt chunk there (the state must sit at an
@@ -56,6 +59,8 @@
 
 #define MAX_POINTS 8   /* planned snapshot positions per request besides the grid (more are dropped) */
 #define MIN_GAIN 16    /* tokens a waiting request must save to wait for a running one's snapshot */
+#define TAIL_GRID 64   /* tail points sit on this grid (the KDA chunk length) ... */
+#define TAIL_MIN 256   /* ... where they save at least this many tokens (tail_point) */
 
 typedef struct run_seq run_seq;
 struct run_seq {
@@ -537,6 +542,23 @@ static int cache_hold(sched *s, run_seq *w)
     return 0;
 }
 
+/* The tail point of an n-token prompt restored to hit: one token before the
+ * last multiple of TAIL_GRID inside it, when that saves a later request at
+ * least TAIL_MIN tokens over the snapshot it would hit otherwise (the hit or
+ * the grid point below); 0 = none. Requests that share a long prompt up to
+ * near its end (lm-eval's continuations of one context, a regenerated or
+ * edited last message) then recompute fewer than TAIL_GRID + their own
+ * tokens instead of everything since the last grid point. One token before,
+ * so an echo request whose own tokens start at the multiple still has the
+ * log-prob of its first one computed (pc_lookup). */
+static int tail_point(const sched *s, int n, int hit)
+{
+    const int p = (n - 1) / TAIL_GRID * TAIL_GRID - 1;
+    if (p <= 0) return 0;
+    const int below = hit > p / s->grid * s->grid ? hit : p / s->grid * s->grid;
+    return p - below >= TAIL_MIN ? p : 0;
+}
+
 /* After kda_seq_new: starts r from its longest cached prefix and plans its
  * snapshot points. Returns the tokens restored. */
 static int cache_admit(sched *s, run_seq *r)
@@ -563,6 +585,8 @@ static int cache_admit(sched *s, run_seq *r)
      * grid is implicit: every multiple of s->grid inside the prompt) */
     r->n_points = 0;
     if (m.shared - 1 > hit + MIN_GAIN) add_point(r, m.shared - 1);
+    const int tail = tail_point(s, n, hit);
+    if (tail > 0) add_point(r, tail);
     if (t->max_tokens == 0) add_point(r, n);
     pc_insert(s->pc, t->prompt, n); /* later requests see where they branch off this one */
     return hit;

@@ -152,6 +152,28 @@ check(metric(metrics(R), "kda_prefix_cache_hits_total") == 0, "no hits with --pr
 srv.check_clean_exit()
 check("engine now holds 0 sequences, 0 KV bytes, 0 snapshots, 0 cache bytes" in srv.log(),
       "at shutdown every snapshot is dropped and the engine's pools are empty", srv.log()[-600:])
+
+# the tail point: with a grid far beyond the prompts (as the 1.7B model's 1,536
+# on CUDA), a request branching off late in a long prompt still hits one token
+# before the prompt's last multiple of 64 (lm-eval: one context, several
+# continuations sent one by one, echo + logprobs)
+srv = Server(tiny, "--prefill-chunk", "64", "--prefix-cache-grid", "4096")
+U = srv.url
+ctx = toks(21, 640)
+lm = [{"prompt": ctx + toks(30 + i, n), "max_tokens": 1, "logprobs": 1, "echo": True, "temperature": 0}
+      for i, n in enumerate((9, 1, 24))]
+outs = [post(U, "/v1/completions", b) for b in lm]
+outs_ref = [post(R, "/v1/completions", b) for b in lm]
+check([cached(o) for o in outs] == [0, 639, 639],
+      "tail point: continuations of a 640-token context hit at 639 with a 4096-token grid",
+      str([o["usage"] for o in outs]))
+check(all(o["choices"][0]["logprobs"] == r_["choices"][0]["logprobs"] and o["choices"][0]["text"] == r_["choices"][0]["text"]
+          for o, r_ in zip(outs, outs_ref)), "tail point: echoed log-probs after the hit are bit-identical to no cache")
+short = post(U, "/score", {"tokens": toks(40, 200)})
+again = post(U, "/score", {"tokens": toks(40, 150) + toks(41, 60)})
+check(cached(short) == 0 and cached(again) == 0,
+      "tail point: none in a prompt where it would save fewer than 256 tokens", f"{short['usage']} {again['usage']}")
+srv.check_clean_exit()
 ref.stop()
 
 r = subprocess.run([SERVER, "--model", tiny, "--prefix-cache", "maybe"], capture_output=True, text=True)
