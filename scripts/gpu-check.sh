@@ -10,9 +10,11 @@ source "$(dirname "$0")/gpu-env.sh"
 export KDA_COMMIT=${KDA_COMMIT:-$(cat .carry/commit 2>/dev/null || echo unknown)}
 R=$OUT/check.txt
 rc=0
-( python3 scripts/gen_checkpoint.py "$M17" --preset 1.7b --tokenizer spm:.carry/llama2-tokenizer.model > "$LOG/gen.txt" 2>&1 ) &
-gen=$!
 { echo "commit $KDA_COMMIT"
+  # the checkpoint is made while the kernel tests run (started inside this
+  # group so that wait sees it: the group runs in a subshell of the pipe)
+  ( python3 scripts/gen_checkpoint.py "$M17" --preset 1.7b --tokenizer spm:.carry/llama2-tokenizer.model > "$LOG/gen.txt" 2>&1 ) &
+  gen=$!
   ours timeout 60 $B/tests/kernels/test_kernels > "$LOG/test_kernels.txt" 2>&1; echo "test_kernels rc=$?"
   grep -E "PASSED|FAILED" "$LOG/test_kernels.txt"
   wait $gen
