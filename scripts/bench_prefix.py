@@ -154,14 +154,14 @@ def chat(srv, a, vocab):
     return {"ttft_ms": ttft, "turn10_over_turn1": round(ttft[9] / ttft[0], 3)}, outs
 
 
-def run(a, cache_on, vocab, env):
+def run(a, cache_on, vocab, env, extra=(), tag=None):
     flags = ["--device", a.device, "--max-batch", str(max(a.concurrent, 8)), "--log-level", "info"]
     if a.threads:
         flags += ["--threads", str(a.threads)]
     if not cache_on:
         flags += ["--prefix-cache", "off"]
-    flags += a.server_arg
-    log = os.path.join(a.log_dir, f"server-{'cache' if cache_on else 'nocache'}.log")
+    flags += a.server_arg + list(extra)
+    log = os.path.join(a.log_dir, f"server-{tag or ('cache' if cache_on else 'nocache')}.log")
     srv = Server(a.server, a.model, flags, log, env)
     try:
         sp, sp_out = shared_prompt(srv, a, vocab)
@@ -192,6 +192,10 @@ def main():
     ap.add_argument("--server-arg", action="append", default=[], help="extra kda-server flag (repeatable)")
     ap.add_argument("--log-dir", default="/tmp")
     ap.add_argument("--note", default="", help="recorded with the results (the machine's conditions)")
+    ap.add_argument("--yardstick", default="", metavar="FLAGS",
+                    help="also run the no-cache server with these flags (e.g. '--prefill-chunk 64'): how far "
+                         "outputs move when only step boundaries change, the scale for the cache's differences "
+                         "on a backend whose numbers depend on them (CUDA, bf16)")
     a = ap.parse_args()
     a.server_arg = [x for arg in a.server_arg for x in arg.split("=", 1)] if a.server_arg else []
     vocab = json.load(open(os.path.join(a.model, "config.json")))["vocab_size"]
@@ -207,6 +211,15 @@ def main():
     lp_diff = max(abs(x - y) for la, lb in zip(outs_on[1], outs_off[1]) for x, y in zip(la, lb)
                   if x is not None and y is not None)
     chat_same = sum(x == y for x, y in zip(outs_on[2], outs_off[2]))
+    yard = None
+    if a.yardstick:
+        _, outs_y = run(a, False, vocab, env, extra=a.yardstick.split(), tag="yardstick")
+        yard = {"flags": a.yardstick,
+                "shared_prompt_outputs_equal": {w: sum(x == y for x, y in zip(outs_y[0][w], outs_off[0][w]))
+                                                for w in ("cold", "warm")},
+                "lm_eval_max_abs_logprob_diff": max(abs(x - y) for la, lb in zip(outs_y[1], outs_off[1])
+                                                    for x, y in zip(la, lb) if x is not None and y is not None),
+                "chat_turns_equal": sum(x == y for x, y in zip(outs_y[2], outs_off[2]))}
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
@@ -230,7 +243,9 @@ def main():
             "lm_eval_wall": round(on["lm_eval"]["wall_s"] / off["lm_eval"]["wall_s"], 4),
         },
         "exactness": {"shared_prompt_outputs_equal": sp_same, "of": a.concurrent,
-                      "lm_eval_max_abs_logprob_diff": lp_diff, "chat_turns_equal": chat_same},
+                      "lm_eval_max_abs_logprob_diff": lp_diff, "chat_turns_equal": chat_same,
+                      # the no-cache server again with other step boundaries, against the no-cache run
+                      "yardstick_no_cache": yard},
     }
     r = res["ratios"]
     res["targets"] = {"lm_eval_tokens_computed<=1/6": r["lm_eval_tokens_computed"] <= 1 / 6,

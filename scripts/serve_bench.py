@@ -258,7 +258,43 @@ def scrape(url):
         m = re.match(r"(kda_[a-z_]+)(\{[^}]*\})?\s+(\S+)$", line)
         if m and not m.group(2):
             out[m.group(1)] = float(m.group(3))
+        # histogram buckets (cumulative counts): the engine's step time and
+        # the server's own inter-token latency, to tell long steps from
+        # delays between the engine and the client
+        m = re.match(r'(kda_engine_step_seconds|vllm:inter_token_latency_seconds)_bucket\{.*le="([^"]+)"\}\s+(\S+)$',
+                     line)
+        if m:
+            out[(m.group(1), m.group(2))] = float(m.group(3))
     return out
+
+
+def bucket_delta(m0, m1, name):
+    """per-bucket counts of histogram name between two scrapes: {"<=le ms": count}"""
+    les = sorted((k[1] for k in m1 if isinstance(k, tuple) and k[0] == name),
+                 key=lambda x: float("inf") if x == "+Inf" else float(x))
+    out, prev = {}, 0.0
+    for le in les:
+        cum = m1.get((name, le), 0) - m0.get((name, le), 0)
+        if cum - prev > 0:
+            out["inf" if le == "+Inf" else f"<={float(le) * 1e3:g}ms"] = int(cum - prev)
+        prev = cum
+    return out
+
+
+def long_gaps(reqs, factor=3.0):
+    """where in their requests the client's long inter-token gaps fall: gaps
+    above factor x the median gap, counted by the gap's index (0 = between
+    the first and the second token)"""
+    gaps = sorted(x for r in reqs for x in r[8])
+    if not gaps:
+        return {}
+    cut = gaps[len(gaps) // 2] * factor
+    where = {"0": 0, "1-7": 0, "8-31": 0, "32+": 0}
+    for r in reqs:
+        for i, x in enumerate(r[8]):
+            if x > cut:
+                where["0" if i == 0 else "1-7" if i < 8 else "8-31" if i < 32 else "32+"] += 1
+    return {"threshold_ms": round(cut * 1e3, 3), "count": sum(where.values()), "of": len(gaps), "by_index": where}
 
 
 def run_level(a, mode, value):
@@ -320,7 +356,10 @@ def run_level(a, mode, value):
         "e2e_ms": stats_ms([r[7] for r in ok]),
         "server": {"engine_steps": int(steps), "engine_busy_fraction": round(step_s / wall, 3) if wall else None,
                    "mean_step_ms": round(step_s / steps * 1e3, 3) if steps else None,
-                   "mean_tokens_per_step": round(step_tok / steps, 2) if steps else None},
+                   "mean_tokens_per_step": round(step_tok / steps, 2) if steps else None,
+                   "step_ms_buckets": bucket_delta(m0, m1, "kda_engine_step_seconds"),
+                   "itl_ms_buckets": bucket_delta(m0, m1, "vllm:inter_token_latency_seconds")},
+        "client_long_gaps": long_gaps(ok),
         "client": {"procs": procs, "cpu_util_max": round(max(res["cpu_s"] for res in results.values()) / wall, 3),
                    "loop_lag_ms": {"p50": round((pct(lags, 50) or 0) * 1e3, 3),
                                    "p99": round((pct(lags, 99) or 0) * 1e3, 3)}},
