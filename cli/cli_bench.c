@@ -66,6 +66,7 @@ void cli_bench_usage(FILE *f)
             "usage: kda-cli bench MODEL_DIR [--device cuda|cpu] [--pairs CTX:B,...] [--steps N]\n"
             "                     [--fill prefill|decode] [--prefill B:T,...] [--score B:T,...] [--reps N]\n"
             "                     [--json FILE] [--no-kernels] [--mem-fraction F] [--tuning k=v,...]\n"
+            "                     [--kda-state-dtype fp32|bf16]\n"
             "                     [--threads N]\n"
             "  default pairs 128:1,128:16,128:64,128:256,4096:1,4096:16,4096:64,4096:256 (\"\" = none);\n"
             "  steps 32; no prefill or score points; reps 5\n");
@@ -233,6 +234,7 @@ int cli_bench(int argc, char **argv)
 {
     if (argc < 1 || argv[0][0] == '-') return usage();
     const char *dir = argv[0], *device = "cuda", *json_path = NULL, *tuning = NULL, *fill = "prefill";
+    const char *state_dtype = NULL;
     const char *pairs_s = "128:1,128:16,128:64,128:256,4096:1,4096:16,4096:64,4096:256";
     const char *prefill_s = "", *score_s = "";
     int steps = 32, kernels = 1, reps = 5, threads = 0;
@@ -245,6 +247,7 @@ int cli_bench(int argc, char **argv)
         else if (!strcmp(argv[i], "--mem-fraction") && i + 1 < argc) frac = atof(argv[++i]);
         else if (!strcmp(argv[i], "--no-kernels")) kernels = 0;
         else if (!strcmp(argv[i], "--tuning") && i + 1 < argc) tuning = argv[++i];
+        else if (!strcmp(argv[i], "--kda-state-dtype") && i + 1 < argc) state_dtype = argv[++i];
         else if (!strcmp(argv[i], "--fill") && i + 1 < argc) fill = argv[++i];
         else if (!strcmp(argv[i], "--prefill") && i + 1 < argc) prefill_s = argv[++i];
         else if (!strcmp(argv[i], "--score") && i + 1 < argc) score_s = argv[++i];
@@ -288,7 +291,8 @@ int cli_bench(int argc, char **argv)
     kda_tuning tn;
     char err[512];
     kda_tuning_defaults(&tn);
-    if (kda_tuning_from_env(&tn, err, sizeof err) || kda_tuning_parse(&tn, tuning, err, sizeof err)) {
+    if (kda_tuning_from_env(&tn, err, sizeof err) || kda_tuning_parse(&tn, tuning, err, sizeof err) ||
+        kda_state_dtype_parse(&tn, state_dtype, err, sizeof err)) {
         fprintf(stderr, "bench: %s\n", err);
         return 2;
     }

@@ -21,7 +21,7 @@
 #define SCORE_CHUNK 512   /* tokens per engine step when scoring long texts */
 
 typedef struct {
-    const char *dir, *device, *tokens, *text, *name_map, *config_map, *tuning;
+    const char *dir, *device, *tokens, *text, *name_map, *config_map, *tuning, *state_dtype;
     int json, max_tokens, top_k, seed_set, threads, no_bos, ignore_eos, verbose, max_seq_len;
     float temperature, top_p, min_p, rep_pen, pres_pen, freq_pen;
     uint64_t seed;
@@ -46,7 +46,9 @@ static void usage(FILE *f)
             "                    gemv_persist kda_tiled kda_tile_occ kda_tile_clusters attn_split\n"
             "                    fast_prefill mixed_pass prefill_rows attn_prefill_variant\n"
             "                    attn_prefill_split kda_chunk_gemm kda_chunk_bv\n"
-            "                    kda_chunk_split prof cpu_bf16_act (engine/engine.h, kda_tuning, says what each does)\n"
+            "                    kda_chunk_split prof cpu_bf16_act kda_state_bf16 (engine/engine.h, kda_tuning,\n"
+            "                    says what each does)\n"
+            "  --kda-state-dtype fp32|bf16  CUDA: how the KDA recurrent state is stored (default fp32)\n"
             "  --name-map FILE    tensor names of another layout (configs/README.md)\n"
             "  --config-map PATH  config.json keys of another layout: a map file, or a folder of\n"
             "                     *.configmap.json chosen by model_type (configs/README.md)\n"
@@ -123,6 +125,7 @@ static int parse_opts(int argc, char **argv, cli_opts *o)
         else if (!strcmp(a, "--text")) { NEEDV(); o->text = v; }
         else if (!strcmp(a, "--name-map")) { NEEDV(); o->name_map = v; }
         else if (!strcmp(a, "--tuning")) { NEEDV(); o->tuning = v; }
+        else if (!strcmp(a, "--kda-state-dtype")) { NEEDV(); o->state_dtype = v; }
         else if (!strcmp(a, "--config-map")) { NEEDV(); o->config_map = v; }
         else if (!strcmp(a, "--max-tokens")) { NEEDV(); if (parse_int(v, a, 0, 1 << 24, &n)) return -1; o->max_tokens = (int)n; }
         else if (!strcmp(a, "--threads")) { NEEDV(); if (parse_int(v, a, 0, 1024, &n)) return -1; o->threads = (int)n; }
@@ -182,7 +185,8 @@ static kda_engine *open_engine(const cli_opts *o)
     kda_engine *e;
     kda_tuning tn;
     kda_tuning_defaults(&tn);
-    if (kda_tuning_from_env(&tn, err, sizeof err) || kda_tuning_parse(&tn, o->tuning, err, sizeof err)) {
+    if (kda_tuning_from_env(&tn, err, sizeof err) || kda_tuning_parse(&tn, o->tuning, err, sizeof err) ||
+        kda_state_dtype_parse(&tn, o->state_dtype, err, sizeof err)) {
         fprintf(stderr, "kda-cli: %s\n", err);
         return NULL;
     }

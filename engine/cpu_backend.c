@@ -666,6 +666,10 @@ static void cpu_destroy(backend *bb)
 
 int cpu_backend_create(backend **out, const backend_params *p, char *err, size_t errlen)
 {
+    if (p->tuning.kda_state_bf16) { /* the reference keeps what it computes */
+        snprintf(err, errlen, "the CPU backend keeps the KDA state in fp32 (--kda-state-dtype bf16 is a CUDA option)");
+        return KDA_EUNSUP;
+    }
     cpu_backend *b = calloc(1, sizeof *b);
     if (!b) goto oom;
     b->base.device_name = "cpu";

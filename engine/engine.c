@@ -113,10 +113,21 @@ static const struct {
     TF(gemv_persist, 0, 1), TF(kda_tiled, 0, 1), TF(kda_tile_occ, 2, 3), TF(kda_tile_clusters, 0, 1 << 20),
     TF(attn_split, 0, 256), TF(fast_prefill, 0, 1), TF(mixed_pass, 0, 1), TF(prefill_rows, 1, 1 << 20), TF(attn_prefill_variant, 0, 3),
     TF(kda_chunk_gemm, 0, 2), TF(kda_chunk_bv, 0, 64), TF(kda_chunk_split, 0, 16),
-    TF(attn_prefill_split, 0, 1 << 20), TF(prof, 0, 1), TF(cpu_bf16_act, 0, 1),
+    TF(attn_prefill_split, 0, 1 << 20), TF(prof, 0, 1), TF(cpu_bf16_act, 0, 1), TF(kda_state_bf16, 0, 1),
 #undef TF
 };
 #define N_TUNING_FIELDS (int)(sizeof tuning_fields / sizeof tuning_fields[0])
+
+int kda_state_dtype_parse(kda_tuning *t, const char *v, char *err, size_t errlen)
+{
+    if (!v) return 0;
+    if (strcmp(v, "fp32") && strcmp(v, "bf16")) {
+        snprintf(err, errlen, "--kda-state-dtype must be fp32 or bf16, not \"%s\"", v);
+        return KDA_EINVAL;
+    }
+    t->kda_state_bf16 = !strcmp(v, "bf16");
+    return 0;
+}
 
 int kda_tuning_parse(kda_tuning *t, const char *spec, char *err, size_t errlen)
 {
@@ -215,6 +226,9 @@ int kda_engine_open(kda_engine **out, const kda_engine_opts *o, char *err, size_
         goto fail;
     }
 
+    if (o->tuning && o->tuning->kda_state_bf16) /* S as bf16, the conv tails fp32 (the CPU backend refuses it) */
+        e->info.state_bytes_per_seq = (size_t)model_n_kda_layers(&e->cfg) *
+                                      (model_kda_layer_state_floats(&e->cfg) * 2 + model_kda_layer_tail_floats(&e->cfg) * 4);
     if (o->snapshot_bytes && e->info.state_bytes_per_seq) {
         size_t n = o->snapshot_bytes / e->info.state_bytes_per_seq;
         e->n_snaps = n > KDA_MAX_SNAPSHOTS ? KDA_MAX_SNAPSHOTS : (int)n;

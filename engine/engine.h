@@ -77,6 +77,9 @@ typedef struct {
     int attn_prefill_split;   /* CUDA: force a context split every N keys in prefill attention (0 = by shape) */
     int prof;            /* CUDA: time kernel categories with events, for kda_engine_prof_take (0) */
     int cpu_bf16_act;    /* CPU: round activations to bf16 where the CUDA backend stores bf16 (0) */
+    int kda_state_bf16;  /* CUDA: store the KDA recurrent state S as bf16, math in fp32 (0 = fp32;
+                            --kda-state-dtype bf16): half the state traffic and memory, at the
+                            fidelity bench/NOTES.md measures; the CPU backend refuses it */
 } kda_tuning;
 
 void kda_tuning_defaults(kda_tuning *t);
@@ -88,6 +91,9 @@ int kda_tuning_parse(kda_tuning *t, const char *spec, char *err, size_t errlen);
 int kda_tuning_from_env(kda_tuning *t, char *err, size_t errlen);
 /* One line per field with its current value, for --help and logs. */
 void kda_tuning_describe(const kda_tuning *t, FILE *out);
+/* --kda-state-dtype: "fp32" or "bf16" into t->kda_state_bf16 (NULL leaves it);
+ * anything else is an error naming the flag. */
+int kda_state_dtype_parse(kda_tuning *t, const char *v, char *err, size_t errlen);
 
 typedef struct {
     const char *model_dir;  /* directory with config.json + *.safetensors */

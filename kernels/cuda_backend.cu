@@ -398,7 +398,13 @@ int cuda_backend_create(backend **out, const backend_params *p, char *err, size_
     }
     b->eps = c->norm_eps;
     b->base.destroy = cuda_destroy; /* for the fail path */
-    rc = cp_dims_init(&b->d, c, p->w, p->max_seqs, p->max_seq_len, b->tn.prefill_rows, err, errlen);
+    rc = cp_dims_init(&b->d, c, p->w, p->max_seqs, p->max_seq_len, b->tn.prefill_rows, b->tn.kda_state_bf16, err,
+                      errlen);
+    if (!rc && b->tn.kda_state_bf16 && (b->tn.kda_tiled || b->tn.kda_chunk_split > 1)) {
+        snprintf(err, errlen, "bf16 KDA state (kda_state_bf16) works with the default KDA kernels only, not with "
+                 "kda_tiled or kda_chunk_split");
+        rc = KDA_EUNSUP;
+    }
     if (rc) goto fail;
     {
         /* the prefill kernels where they support the shapes (else prompt

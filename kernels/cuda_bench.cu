@@ -239,6 +239,13 @@ extern "C" int kc_bench_kernels(kc_bench_row *rows, int max)
                      tiled == 1 ? " [tiled occ2]" : tiled == 2 ? " [tiled occ3]" : "", B);
             emit(&bo, name, 2.0 * B * H * K * V * 4, ms);
         }
+        /* the default kernel with the state stored as bf16 (--kda-state-dtype
+         * bf16): half the bytes; the slot stride stays, only S shrinks */
+        a.tiled = 0, a.state_bf16 = 1;
+        ms = median_ms(run_kda, &a, 20);
+        snprintf(name, sizeof name, "kda lowrank+step [bf16 state] B=%d (state read+write)", B);
+        emit(&bo, name, 2.0 * B * H * K * V * 2, ms);
+        a.state_bf16 = 0;
         cudaFree(lr);
         cudaFree(proj), cudaFree(state), cudaFree(vecs), cudaFree(w), cudaFree(y), cudaFree(dmeta);
         free(meta);

@@ -32,6 +32,13 @@ typedef __nv_bfloat16 bf16;
 
 static __device__ __forceinline__ float bf2f(bf16 x) { return __bfloat162float(x); }
 static __device__ __forceinline__ bf16 f2bf(float x) { return __float2bfloat16_rn(x); }
+/* A slot's per-layer KDA state: S [H, K, V] (fp32, or bf16 with state_bf16:
+ * fp32 math, rounded to nearest even when stored), then the fp32 conv tail.
+ * Float offset of the tail from the layer's start. */
+static __host__ __device__ __forceinline__ size_t kc_tail_off(int H, int K, int V, int state_bf16)
+{
+    return state_bf16 ? (size_t)H * K * V / 2 : (size_t)H * K * V;
+}
 
 /* 8 bf16 packed in a uint4 (one 16-byte load) -> 8 floats */
 static __device__ __forceinline__ void bf8_to_f(uint4 u, float *f)

@@ -55,6 +55,7 @@ static int kda_mixer(cuda_backend *b, const cu_layer *w, int T, int n_items, cud
     a.item_slot = b->dm.item_slot;
     a.n_items = n_items;
     a.state = b->state + (size_t)w->kda_idx * d->kda_layer_floats;
+    a.state_bf16 = d->state_bf16;
     a.slot_stride = d->slot_floats;
     a.convw = w->convw;
     a.f1t = w->f1t;
@@ -240,6 +241,7 @@ static int kda_mixer_prefill(cuda_backend *b, const cu_layer *w, int T, int i0, 
     a.n_items = n_items - i0;
     a.T = T;
     a.state = b->state + (size_t)w->kda_idx * d->kda_layer_floats;
+    a.state_bf16 = d->state_bf16;
     a.slot_stride = d->slot_floats;
     a.convw = w->convw;
     a.g_bias = w->g_bias;

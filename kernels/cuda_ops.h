@@ -82,6 +82,7 @@ typedef struct {
     const int32_t *item_row0, *item_ntok, *item_slot; /* [n_items]; slot < 0 = skip */
     int n_items;
     float *state;          /* per slot: S [H, K, V] fp32, then conv tail [taps-1, 2QK+HV] */
+    int state_bf16;        /* S stored as bf16 (kc_tail_off): the tail starts at H*K*V/2 floats */
     size_t slot_stride;    /* floats between slots */
     const float *convw;    /* [2QK+HV, taps] q|k|v channels; NULL: no short conv (fla
                               use_short_conv false: SiLU alone, no tail; kc_kda_conv only) */

@@ -11,7 +11,7 @@
 #define CP_SAMPLE_PARAM_BYTES 128
 
 int cp_dims_init(cp_dims *d, const model_config *c, const model_weights *w, int max_seqs, int max_seq_len,
-                 int prefill_rows, char *err, size_t errlen)
+                 int prefill_rows, int state_bf16, char *err, size_t errlen)
 {
     memset(d, 0, sizeof *d);
     d->D = c->d, d->F = c->ffn, d->vocab = c->vocab, d->L = c->n_layers;
@@ -65,7 +65,9 @@ int cp_dims_init(cp_dims *d, const model_config *c, const model_weights *w, int 
     d->kv_layer_elems = (size_t)2 * d->Hkv * KV_BLK * d->hd;
     d->block_elems = d->kv_layer_elems * d->n_gqa;
     /* rounded to 4 floats: the tiled KDA kernel moves the state in 16-byte units */
-    d->kda_layer_floats = (model_kda_layer_state_floats(c) + model_kda_layer_tail_floats(c) + 3) & ~(size_t)3;
+    d->state_bf16 = state_bf16 ? 1 : 0; /* S as bf16: half its floats (H*K*V is even: K is) */
+    d->kda_layer_floats = (model_kda_layer_state_floats(c) / (d->state_bf16 ? 2 : 1) + model_kda_layer_tail_floats(c) +
+                           3) & ~(size_t)3;
     d->slot_floats = d->kda_layer_floats * d->n_kda;
     const int nsplit256 = (max_seq_len + 255) / 256;
     d->rs_cap = d->TM * nsplit256 > 2048 ? d->TM * nsplit256 : 2048;

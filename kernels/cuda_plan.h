@@ -46,6 +46,7 @@ typedef struct {
     int max_blocks;                               /* KV blocks of one full-context sequence */
     size_t kv_layer_elems, block_elems;           /* bf16 elements of one block: per GQA layer, all layers */
     size_t kda_layer_floats, slot_floats;         /* KDA state per layer (16-byte rounded), per slot */
+    int state_bf16;                               /* S stored as bf16 (kc_tail_off), the tail fp32 */
     int rs_cap;                                   /* rows x splits the decode attention scratch holds */
     int tied;                                     /* lm_head is the embedding */
 } cp_dims;
@@ -54,7 +55,7 @@ typedef struct {
  * naming the shape otherwise. prefill_rows: rows of one prefill pass (0 or
  * less than TM: TM). */
 int cp_dims_init(cp_dims *d, const model_config *c, const model_weights *w, int max_seqs, int max_seq_len,
-                 int prefill_rows, char *err, size_t errlen);
+                 int prefill_rows, int state_bf16, char *err, size_t errlen);
 
 /* Byte offsets into the pool (every region 256-byte aligned). */
 typedef struct {

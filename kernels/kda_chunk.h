@@ -40,6 +40,8 @@ typedef struct {
     int n_items;
     int T;                 /* rows of proj / lowrank / y; every item lies in 0..T-1 */
     float *state;          /* per slot: S [H, K, V] fp32, then conv tail [taps-1, 2HK+HV] (oldest first) */
+    int state_bf16;        /* S stored as bf16 (kc_tail_off in cuda_common.cuh): read once, rounded once
+                            * when written back; the sequence split is refused with it */
     size_t slot_stride;    /* floats between slots */
     const float *convw;    /* [2HK+HV, taps] q|k|v channels; [c, taps-1] multiplies the current token */
     const float *g_bias;   /* [H*V] or NULL */

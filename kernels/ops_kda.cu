@@ -26,7 +26,9 @@ namespace cg = cooperative_groups;
  * heads, the lower-bound gate, beta x 2). Without them the options fold to
  * constants: as runtime reads they cost the default kernel 7-11% (H200, B=64
  * and 256: 0.085 -> 0.091 and 0.291 -> 0.322 ms per layer). */
-template <int K, bool OPT>
+/* BF: the state S is stored as bf16 (kc_tail_off): read into fp32 registers
+ * once, rounded once when written back. */
+template <int K, bool OPT, bool BF>
 __global__ void __launch_bounds__(256, 2) kda_step_kernel(kc_kda_args a)
 {
     /* K = 128 splits each column over two adjacent threads (64 rows each) to
@@ -45,7 +47,8 @@ __global__ void __launch_bounds__(256, 2) kda_step_kernel(kc_kda_args a)
     __shared__ float q_s[K], k_s[K], eg_s[K], G_s[KDA_MAX_V], f0_s[KDA_MAX_R], g0_s[KDA_MAX_R], red[32];
 
     float *Sg = a.state + (size_t)slot * a.slot_stride + (size_t)h * K * V;
-    float *tail = a.state + (size_t)slot * a.slot_stride + (size_t)H * K * V; /* [P, C] */
+    bf16 *Sb = (bf16 *)(a.state + (size_t)slot * a.slot_stride) + (size_t)h * K * V;
+    float *tail = a.state + (size_t)slot * a.slot_stride + kc_tail_off(H, K, V, BF); /* [P, C] */
     const int sc = j / SP, d0 = (j % SP) * KP; /* state column and first row of this thread */
     const bool scol = sc < V;
     const bool kch = j < K, vch = j < V;
@@ -55,7 +58,7 @@ __global__ void __launch_bounds__(256, 2) kda_step_kernel(kc_kda_args a)
     float S[KP];
     if (scol) {
 #pragma unroll
-        for (int d = 0; d < KP; d++) S[d] = Sg[(size_t)(d0 + d) * V + sc];
+        for (int d = 0; d < KP; d++) S[d] = BF ? bf2f(Sb[(size_t)(d0 + d) * V + sc]) : Sg[(size_t)(d0 + d) * V + sc];
     }
     /* Conv window right-aligned in 4 registers: t[0..2] = previous raw
      * inputs (t[2] newest), w[3] the current token's tap. Taps < 4 leave
@@ -164,7 +167,10 @@ __global__ void __launch_bounds__(256, 2) kda_step_kernel(kc_kda_args a)
     }
     if (scol) {
 #pragma unroll
-        for (int d = 0; d < KP; d++) Sg[(size_t)(d0 + d) * V + sc] = S[d];
+        for (int d = 0; d < KP; d++) {
+            if (BF) Sb[(size_t)(d0 + d) * V + sc] = f2bf(S[d]);
+            else Sg[(size_t)(d0 + d) * V + sc] = S[d];
+        }
     }
 #pragma unroll
     for (int i = 0; i < 3; i++) {
@@ -483,7 +489,7 @@ __global__ void __launch_bounds__(128) kda_conv_kernel(kc_kda_args a)
         return;
     }
     const int taps = a.taps, P = taps - 1, sh = 3 - P;
-    float *tail = a.state + (size_t)slot * a.slot_stride + (size_t)a.H * a.K * a.V; /* [P, C], oldest first */
+    float *tail = a.state + (size_t)slot * a.slot_stride + kc_tail_off(a.H, a.K, a.V, a.state_bf16); /* [P, C], oldest first */
     /* right-aligned in registers (static indices only): t[0..2] the previous
      * raw inputs (t[2] newest), w[3] the current token's tap; the leading
      * zero taps of taps < 4 add exact zeros */
@@ -548,7 +554,8 @@ int kc_kda_step(const kc_kda_args *a, cudaStream_t s)
     }
     const int NT = a->V / KT_COLS;
     const bool tiled = a->lowrank && a->V % KT_COLS == 0 && NT <= 8 && (a->K == 32 || a->K == 64 || a->K == 128) &&
-                       a->slot_stride % 4 == 0 && ((uintptr_t)a->state & 15) == 0 && a->tiled;
+                       a->slot_stride % 4 == 0 && ((uintptr_t)a->state & 15) == 0 && a->tiled &&
+                       !a->state_bf16; /* the tiled variant (not the default) keeps fp32 state only */
     if (tiled) {
         cudaLaunchConfig_t cfg = {};
         cfg.blockDim = dim3(256);
@@ -595,8 +602,9 @@ int kc_kda_step(const kc_kda_args *a, cudaStream_t s)
     dim3 grid(a->n_items, a->H);
     const bool opt = a->preconv || a->group > 1 || a->lower_bound != 0.0f || a->neg_eigval;
     cudaError_t e;
-#define KDA_STEP(KK) (opt ? kc_launch(kda_step_kernel<KK, true>, grid, dim3(threads), 0, s, *a) \
-                          : kc_launch(kda_step_kernel<KK, false>, grid, dim3(threads), 0, s, *a))
+#define KDA_STEP_BF(KK, BF) (opt ? kc_launch(kda_step_kernel<KK, true, BF>, grid, dim3(threads), 0, s, *a) \
+                                 : kc_launch(kda_step_kernel<KK, false, BF>, grid, dim3(threads), 0, s, *a))
+#define KDA_STEP(KK) (a->state_bf16 ? KDA_STEP_BF(KK, true) : KDA_STEP_BF(KK, false))
     switch (a->K) {
     case 16: e = KDA_STEP(16); break;
     case 32: e = KDA_STEP(32); break;
@@ -605,6 +613,7 @@ int kc_kda_step(const kc_kda_args *a, cudaStream_t s)
     default: return -5;
     }
 #undef KDA_STEP
+#undef KDA_STEP_BF
     if (e != cudaSuccess) {
         fprintf(stderr, "%s:%d: kda step launch failed: %s\n", __FILE__, __LINE__, cudaGetErrorString(e));
         return -7;

@@ -387,7 +387,7 @@ __global__ void __launch_bounds__(KC_PREP_THREADS) kc_chunk_prep_kernel(kc_kda_c
     const int H = a.H, K = a.K, V = a.V, HK = H * K, HV = H * V, Cc = 2 * HK + HV, P = a.taps - 1, sh = 3 - P;
     const size_t T = a.T;
     const int irow0 = a.item_row0[cp.item], p0 = cp.chunk * KC_CH, n = cp.n, row0 = cp.row0;
-    const float *tail = a.state + (size_t)a.item_slot[cp.item] * a.slot_stride + (size_t)H * K * V; /* [P, Cc] */
+    const float *tail = a.state + (size_t)a.item_slot[cp.item] * a.slot_stride + kc_tail_off(H, K, V, a.state_bf16); /* [P, Cc] */
     const int width = part == 2 ? V : K;
     const int colb = part == 0 ? h * K : part == 1 ? HK + h * K : 2 * HK + h * V;
     KC_DYNAMIC_SMEM(x_s); /* [64][K] (parts 0, 1) */
@@ -853,11 +853,13 @@ __global__ void __launch_bounds__(KC_THREADS) kc_chunk_recur_kernel(kc_kda_chunk
     };
 
     float *Sg = a.state + (size_t)a.item_slot[item] * a.slot_stride + (size_t)h * K * V + (has_u ? jb.vcol : 0);
+    bf16 *Sb = (bf16 *)(a.state + (size_t)a.item_slot[item] * a.slot_stride) + (size_t)h * K * V +
+                     (has_u ? jb.vcol : 0); /* state_bf16 (the split, which needs fp32, is refused with it) */
     const float *Xs = w.sstart + ((size_t)jb.seg * H + h) * K * V + (has_u ? jb.vcol : 0);
     for (int e = tid; e < K * BV; e += KC_THREADS) {
         const int d = e >> bsh, c = e & (BV - 1);
         float x = 0.0f;
-        if (jb.start == RJ_SLOT) x = Sg[(size_t)d * V + c];
+        if (jb.start == RJ_SLOT) x = a.state_bf16 ? bf2f(Sb[(size_t)d * V + c]) : Sg[(size_t)d * V + c];
         else if (jb.start == RJ_SSTART) x = Xs[(size_t)d * V + c];
         else if (jb.start == RJ_IDENT) x = d == jb.mcol + c ? 1.0f : 0.0f;
         S_s[d * LDV + c] = x;
@@ -910,7 +912,10 @@ __global__ void __launch_bounds__(KC_THREADS) kc_chunk_recur_kernel(kc_kda_chunk
         __syncthreads(); /* before the next chunk reuses the buffer, Vnew and X */
     }
     cp_async_wait<0>();
-    if (jb.end == RJ_END_SLOT)
+    if (jb.end == RJ_END_SLOT && a.state_bf16)
+        for (int e = tid; e < K * BV; e += KC_THREADS)
+            ((bf16 *)Sb)[(size_t)(e >> bsh) * V + (e & (BV - 1))] = f2bf(S_s[(e >> bsh) * LDV + (e & (BV - 1))]);
+    else if (jb.end == RJ_END_SLOT)
         for (int e = tid; e < K * BV; e += KC_THREADS) Sg[(size_t)(e >> bsh) * V + (e & (BV - 1))] = S_s[(e >> bsh) * LDV + (e & (BV - 1))];
     else if (jb.end == RJ_END_SEGX) {
         float *xg = w.segx + ((size_t)jb.seg * H + h) * K * XW + jb.xcol;
@@ -1100,7 +1105,7 @@ __global__ void __launch_bounds__(256) kc_chunk_tail_kernel(kc_kda_chunk_args a,
     const int col = blockIdx.y * 256 + threadIdx.x;
     if (col >= Cc) return;
     const int nt = a.item_ntok[item], row0 = a.item_row0[item];
-    float *tail = a.state + (size_t)a.item_slot[item] * a.slot_stride + (size_t)H * a.K * a.V;
+    float *tail = a.state + (size_t)a.item_slot[item] * a.slot_stride + kc_tail_off(H, a.K, a.V, a.state_bf16);
     for (int m = 0; m < P; m++) {
         const int pos = nt - P + m;
         tail[(size_t)m * Cc + col] = pos >= 0 ? a.proj[(size_t)(row0 + pos) * a.ldp + col] : tail[(size_t)(m + nt) * Cc + col];
@@ -1199,7 +1204,8 @@ extern "C" int kc_kda_chunk(const kc_kda_chunk_args *a, cudaStream_t s)
         !a->A_log || !a->dt_bias || !a->onorm || !a->y || !a->work)
         return -1;
     if (a->ldp < C || a->off_beta < 0 || a->off_beta > a->ldp - H || a->ldy < H * V) return -1;
-    if (a->slot_stride < (size_t)H * K * V + (size_t)(a->taps - 1) * C) return -1;
+    if (a->slot_stride < kc_tail_off(H, K, V, a->state_bf16) + (size_t)(a->taps - 1) * C) return -1;
+    if (a->state_bf16 && a->seq_split > 1) return -5; /* the split's transitions keep fp32 state */
     if (a->gemm < KC_KDA_GEMM_TF32 || a->gemm > KC_KDA_GEMM_SIMT || a->debug_stop_after < 0 || a->debug_stop_after > 4)
         return -1;
     if (a->seq_split < 0 || a->seq_split > KC_SEG_MAX || a->recur_buffers < 0 || a->recur_buffers > 2) return -1;

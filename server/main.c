@@ -43,7 +43,8 @@ typedef struct {
     /* hostile-client limits (README, "Limits"); -1: the default worked out at startup */
     long max_connections, max_per_client, body_budget, max_json, max_tokenize_tokens;
     double request_timeout_s;
-    kda_tuning tuning;   /* $KDA_TUNING, then --tuning on top */
+    kda_tuning tuning;   /* $KDA_TUNING, then --tuning on top, then --kda-state-dtype */
+    const char *state_dtype;
 } flags;
 
 static void usage(FILE *f)
@@ -99,13 +100,15 @@ static void usage(FILE *f)
         "  --api-key KEY          require \"Authorization: Bearer KEY\" or \"X-API-Key: KEY\" on every route\n"
         "                         but /, /health, /metrics, /openapi.json (must not be empty)\n"
         "  --api-key-file PATH    same, key read from the file's first line\n"
+        "  --kda-state-dtype fp32|bf16  CUDA: how the KDA recurrent state is stored (default fp32; bf16\n"
+        "                         halves its memory and traffic at a measured fidelity cost: README)\n"
         "  --tuning k=v,...       kernel variants and switches, also from $KDA_TUNING (--tuning wins):\n"
         "                         gemv_max_t graphs pdl gemm_lt gemm_verbose gemm_tune_flush gemm_splitk\n"
         "                         gemv_persist kda_tiled kda_tile_occ kda_tile_clusters attn_split\n"
         "                         fast_prefill mixed_pass prefill_rows attn_prefill_variant\n"
         "                         attn_prefill_split kda_chunk_gemm kda_chunk_bv\n"
-        "                         kda_chunk_split prof cpu_bf16_act (defaults: the measured best;\n"
-        "                         engine/engine.h, kda_tuning, says what each does)\n"
+        "                         kda_chunk_split prof cpu_bf16_act kda_state_bf16 (defaults: the\n"
+        "                         measured best; engine/engine.h, kda_tuning, says what each does)\n"
         "  --no-webui             do not serve the playground page at GET /\n"
         "  --chat-template T      chat format for /v1/chat/completions: llama-2, chatml, plain, or a\n"
         "                         Jinja file (default: the model directory's own template, if any)\n"
@@ -206,6 +209,7 @@ static int parse_flags(int argc, char **argv, flags *f)
                 return -1;
             }
         }
+        else if (!strcmp(a, "--kda-state-dtype")) f->state_dtype = v; /* applied after --tuning */
         else if (!strcmp(a, "--api-key-file")) f->api_key_file = v;
         else if (!strcmp(a, "--chat-template")) f->chat_template = v;
         else if (!strcmp(a, "--allowed-origins")) f->allowed_origins = v;
@@ -238,6 +242,13 @@ static int parse_flags(int argc, char **argv, flags *f)
             return -1;
         }
         if (rc) return -1;
+    }
+    {
+        char err[256];
+        if (kda_state_dtype_parse(&f->tuning, f->state_dtype, err, sizeof err)) {
+            fprintf(stderr, "kda-server: %s\n", err);
+            return -1;
+        }
     }
     if (f->body_budget && f->body_budget < f->max_body) {
         fprintf(stderr, "kda-server: --max-body-bytes-in-flight (%ld) must be 0 or at least --max-body-bytes (%ld)\n",

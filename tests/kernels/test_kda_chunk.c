@@ -994,6 +994,68 @@ static void add_single(kcase *c, const char *name, int H, int K, int taps, int T
     c->n_items = 1, c->ntok[0] = T, c->slot[0] = 1, c->n_slots = 3;
 }
 
+/* bf16 state storage (state_bf16): the same fp32 arithmetic between one
+ * read and one rounded write, so from a bf16-representable initial state the
+ * outputs and conv tails equal the fp32-state run's bit for bit and the
+ * stored S is exactly that run's S rounded to bf16 (the fp32 run itself is
+ * checked against the reference above). Items over several chunks, a
+ * padding item, an empty one. */
+static int run_bf16_state(int H, int K, int V, int taps)
+{
+    const int ntok[] = {300, 1, 65, 0, 17}, slot[] = {2, 0, -1, 3, 1}, n_items = 5, n_slots = 4;
+    int row0[5], T = 0;
+    for (int i = 0; i < n_items; i++) row0[i] = T, T += ntok[i];
+    prob p;
+    prob_init(&p, H, K, V, taps, T, n_slots, GATE_NORMAL);
+    const size_t SKV = (size_t)H * K * V, tail = (size_t)(taps - 1) * p.C;
+    for (int sl = 0; sl < n_slots; sl++) kt_bf16_round(p.state + sl * p.slot_stride, SKV);
+    dev_prob d;
+    dev_init(&d, &p, n_items, 0);
+    set_items(&d, row0, ntok, slot, n_items);
+    kc_kda_chunk_args a;
+    const variant vr = {0};
+    fill_args(&a, &p, &d, n_items, vr, 0);
+    int fail = kc_kda_chunk(&a, 0) != 0;
+    KT_CK(cudaDeviceSynchronize());
+    float *yf = kt_get_bf16(d.y, (size_t)T * p.HV), *sf = malloc(p.slot_stride * n_slots * 4);
+    kt_get(sf, d.state, p.slot_stride * n_slots * 4);
+    /* the bf16 layout: S as bf16 (SKV / 2 floats), the fp32 tail, 5 guard floats */
+    const size_t lay = SKV / 2 + tail, stride = lay + 5;
+    float *hb = malloc(stride * n_slots * 4);
+    kt_fill(hb, stride * n_slots, 0.3f);
+    for (int sl = 0; sl < n_slots; sl++) {
+        uint16_t *sb = (uint16_t *)(hb + sl * stride);
+        for (size_t e = 0; e < SKV; e++) sb[e] = f32_to_bf16(p.state[sl * p.slot_stride + e]);
+        memcpy(hb + sl * stride + SKV / 2, p.state + sl * p.slot_stride + SKV, tail * 4);
+    }
+    float *db = kt_dev(hb, stride * n_slots * 4);
+    KT_CK(cudaMemset(d.y, 0xff, (size_t)T * p.HV * 2)); /* poisoned again */
+    a.state = db, a.slot_stride = stride, a.state_bf16 = 1;
+    fail |= kc_kda_chunk(&a, 0) != 0;
+    a.seq_split = 2;
+    fail |= kc_kda_chunk(&a, 0) != -5; /* the split keeps fp32 state: refused */
+    KT_CK(cudaDeviceSynchronize());
+    float *yb = kt_get_bf16(d.y, (size_t)T * p.HV), *gb = malloc(stride * n_slots * 4);
+    kt_get(gb, db, stride * n_slots * 4);
+    long y_diff = 0, s_diff = 0, t_diff = 0, g_diff = 0;
+    for (size_t e = 0; e < (size_t)T * p.HV; e++) y_diff += memcmp(&yf[e], &yb[e], 4) != 0;
+    for (int sl = 0; sl < n_slots; sl++) {
+        const uint16_t *sb = (const uint16_t *)(gb + sl * stride);
+        for (size_t e = 0; e < SKV; e++) s_diff += sb[e] != f32_to_bf16(sf[sl * p.slot_stride + e]);
+        t_diff += memcmp(gb + sl * stride + SKV / 2, sf + sl * p.slot_stride + SKV, tail * 4) != 0;
+        g_diff += memcmp(gb + sl * stride + lay, hb + sl * stride + lay, 5 * 4) != 0;
+    }
+    printf("bf16 state H=%d K=%d V=%d taps=%d: outputs differing %ld, stored S not the rounded fp32 S %ld, "
+           "tails differing %ld, guards touched %ld\n", H, K, V, taps, y_diff, s_diff, t_diff, g_diff);
+    fail |= y_diff || s_diff || t_diff || g_diff;
+    if (fail) g_failed_checks++;
+    free(yf), free(sf), free(hb), free(yb), free(gb);
+    cudaFree(db);
+    dev_free(&d);
+    prob_free(&p);
+    return fail;
+}
+
 int main(int argc, char **argv)
 {
     kt_skip_without_gpu();
@@ -1144,6 +1206,10 @@ int main(int argc, char **argv)
     }
     failed += run_bad_args();
     ran++;
+    if (!only || strstr("bf16 state", only)) {
+        failed += run_bf16_state(2, 128, 128, 4) + run_bf16_state(3, 64, 64, 3) + run_bf16_state(2, 16, 32, 4);
+        ran += 3;
+    }
     printf("test_kda_chunk: %d cases, %d failed (%d failed checks)\n", ran, failed, g_failed_checks);
     printf(failed ? "[  FAILED  ] test_kda_chunk\n" : "[  PASSED  ] test_kda_chunk\n");
     return failed ? 1 : 0;

@@ -175,6 +175,7 @@ typedef struct {
     int group;         /* value heads per q/k head (H = value heads); 0/1 none */
     float lower_bound; /* < 0: fla's lower-bound gate */
     int neg_eigval, conv_bias, no_conv;
+    int state_bf16;    /* S stored as bf16 on the device (kc_kda_args.state_bf16) */
 } kda_opts;
 static const kda_opts kda_plain;
 
@@ -210,6 +211,9 @@ static void run_kda_case_opt(int H, int K, int taps, const int *ntok, const int 
     for (int i = 0; i < V; i++) onorm[i] = 1.0f + 0.1f * kt_randn();
     float *state = malloc(slot_stride * n_slots * 4);
     kt_fill(state, slot_stride * n_slots, 0.3f);
+    const size_t SKV = (size_t)H * K * V;
+    if (op->state_bf16) /* the reference starts from the values a bf16 state holds */
+        for (int sl = 0; sl < n_slots; sl++) kt_bf16_round(state + sl * slot_stride, SKV);
     /* transposed bottleneck weights as the backend stores them */
     uint16_t *f1t = malloc((size_t)R * HK * 2), *g1t = malloc((size_t)R * HV * 2);
     for (int c = 0; c < HK; c++)
@@ -276,8 +280,24 @@ static void run_kda_case_opt(int H, int K, int taps, const int *ntok, const int 
     a.item_ntok = kt_dev(ntok, (size_t)n_items * 4);
     a.item_slot = kt_dev(slots, (size_t)n_items * 4);
     a.n_items = n_items;
-    a.state = kt_dev(state, slot_stride * n_slots * 4);
-    a.slot_stride = slot_stride;
+    /* bf16 state: the device layer is S as bf16 (SKV / 2 floats), then the fp32
+     * tail (kc_tail_off), then 5+ floats of padding, packed from state */
+    const size_t dev_layer = op->state_bf16 ? SKV / 2 + (size_t)P * C : layer_floats;
+    const size_t dev_stride = op->state_bf16 ? (dev_layer + 5 + 3) & ~(size_t)3 : slot_stride;
+    float *dstate = malloc(dev_stride * n_slots * 4);
+    kt_fill(dstate, dev_stride * n_slots, 0.3f);
+    if (op->state_bf16) {
+        for (int sl = 0; sl < n_slots; sl++) {
+            uint16_t *sb = (uint16_t *)(dstate + sl * dev_stride);
+            for (size_t e = 0; e < SKV; e++) sb[e] = f32_to_bf16(state[sl * slot_stride + e]);
+            memcpy(dstate + sl * dev_stride + SKV / 2, state + sl * slot_stride + SKV, (size_t)P * C * 4);
+        }
+    } else {
+        memcpy(dstate, state, slot_stride * n_slots * 4);
+    }
+    a.state = kt_dev(dstate, dev_stride * n_slots * 4);
+    a.slot_stride = dev_stride;
+    a.state_bf16 = op->state_bf16;
     a.convw = kt_dev(convw, (size_t)C * taps * 4);
     a.f1t = kt_dev(f1t, (size_t)R * HK * 2);
     a.g1t = kt_dev(g1t, (size_t)R * HV * 2);
@@ -312,7 +332,17 @@ static void run_kda_case_opt(int H, int K, int taps, const int *ntok, const int 
         assert_int_equal(kc_kda_step(&a, 0), 0);
     }
     float *gy = kt_get_bf16(a.y, (size_t)T * HV), *gs = malloc(slot_stride * n_slots * 4);
-    kt_get(gs, a.state, slot_stride * n_slots * 4);
+    float *gd = malloc(dev_stride * n_slots * 4);
+    kt_get(gd, a.state, dev_stride * n_slots * 4);
+    if (op->state_bf16) { /* unpacked into the reference's layout */
+        for (int sl = 0; sl < n_slots; sl++) {
+            const uint16_t *sb = (const uint16_t *)(gd + sl * dev_stride);
+            for (size_t e = 0; e < SKV; e++) gs[sl * slot_stride + e] = bf16_to_f32(sb[e]);
+            memcpy(gs + sl * slot_stride + SKV, gd + sl * dev_stride + SKV / 2, (size_t)P * C * 4);
+        }
+    } else {
+        memcpy(gs, gd, slot_stride * n_slots * 4);
+    }
     /* rows of padding items stay poisoned (never written); compare real rows */
     for (int i = 0; i < n_items; i++) {
         if (slots[i] < 0) {
@@ -325,16 +355,29 @@ static void run_kda_case_opt(int H, int K, int taps, const int *ntok, const int 
         assert_true(e < 1e-2);
     }
     for (int s = 0; s < n_slots; s++) {
-        double e = kt_rel(gs + s * slot_stride, ref_state + s * slot_stride, layer_floats);
-        printf("kda slot %d state rel %.2e\n", s, e);
-        assert_true(e < 1e-4);
+        if (op->state_bf16) {
+            /* S against the reference rounded as it is stored: only rare
+             * one-ulp flips where the fp32 sums differ in their last bits
+             * (one bf16 ulp is 2^-8 relative); the tail stays fp32 */
+            float *rs = ref_state + s * slot_stride;
+            kt_bf16_round(rs, SKV);
+            const double es = kt_rel(gs + s * slot_stride, rs, SKV);
+            const double et = P ? kt_rel(gs + s * slot_stride + SKV, rs + SKV, (size_t)P * C) : 0.0;
+            printf("kda slot %d bf16 state rel %.2e, tail rel %.2e\n", s, es, et);
+            assert_true(es < 2e-3);
+            assert_true(et < 1e-4);
+        } else {
+            double e = kt_rel(gs + s * slot_stride, ref_state + s * slot_stride, layer_floats);
+            printf("kda slot %d state rel %.2e\n", s, e);
+            assert_true(e < 1e-4);
+        }
         /* the padding beyond the layer must be untouched (bitwise) */
-        assert_memory_equal(gs + s * slot_stride + layer_floats, state + s * slot_stride + layer_floats, 5 * 4);
+        assert_memory_equal(gd + s * dev_stride + dev_layer, dstate + s * dev_stride + dev_layer, 5 * 4);
     }
     free(convb);
     if (a.conv_bias) cudaFree((void *)a.conv_bias);
     free(proj), free(convw), free(f1), free(g1), free(gb), free(A_log), free(dtb), free(onorm), free(state);
-    free(f1t), free(g1t), free(ref_state), free(ref_y), free(gy), free(gs);
+    free(f1t), free(g1t), free(ref_state), free(ref_y), free(gy), free(gs), free(gd), free(dstate);
     cudaFree((void *)a.proj), cudaFree((void *)a.item_row0), cudaFree((void *)a.item_ntok), cudaFree((void *)a.item_slot);
     cudaFree(a.state), cudaFree((void *)a.convw), cudaFree((void *)a.f1t), cudaFree((void *)a.g1t);
     cudaFree((void *)a.g_bias), cudaFree((void *)a.A_log), cudaFree((void *)a.dt_bias), cudaFree((void *)a.onorm), cudaFree(a.y);
@@ -389,6 +432,24 @@ static void test_kda_step_options_match_reference(void **st)
         }
     }
     kda_variant = 0;
+}
+
+/* bf16 state storage (--kda-state-dtype bf16) on the default step kernel:
+ * every K, with and without the low-rank scratch, multi-token items, and
+ * with the options that take the conv pass (the tail offset moves). */
+static void test_kda_step_bf16_state(void **st)
+{
+    (void)st;
+    const kda_opts bf = {.state_bf16 = 1}, bf_lb = {.state_bf16 = 1, .lower_bound = -5.0f};
+    const kda_opts bf_gva = {.state_bf16 = 1, .group = 2, .conv_bias = 1};
+    for (int lr = 0; lr < 2; lr++) {
+        { const int nt[] = {1, 3, 17, 2}, sl[] = {2, -1, 0, 3}; run_kda_case_opt(2, 16, 4, nt, sl, 4, lr, &bf); }
+        { const int nt[] = {1, 1, 1}, sl[] = {1, 3, 0}; run_kda_case_opt(3, 64, 4, nt, sl, 3, lr, &bf); }
+        { const int nt[] = {1, 5, 1, 70}, sl[] = {0, 1, -1, 3}; run_kda_case_opt(4, 128, 4, nt, sl, 4, lr, &bf); }
+        { const int nt[] = {2, 1}, sl[] = {1, 2}; run_kda_case_opt(2, 32, 3, nt, sl, 2, lr, &bf); }
+        { const int nt[] = {1, 9}, sl[] = {1, 0}; run_kda_case_opt(3, 64, 4, nt, sl, 2, lr, &bf_lb); }
+        { const int nt[] = {1, 4, 13}, sl[] = {0, 2, 1}; run_kda_case_opt(4, 64, 4, nt, sl, 3, lr, &bf_gva); }
+    }
 }
 
 /* ---- GQA: qkv (norm + RoPE + append) and attention over a paged cache ---- */
@@ -656,6 +717,7 @@ int main(void)
         cmocka_unit_test(test_gemv_and_gemm_match_reference),
         cmocka_unit_test(test_kda_step_matches_reference),
         cmocka_unit_test(test_kda_step_options_match_reference),
+        cmocka_unit_test(test_kda_step_bf16_state),
         cmocka_unit_test(test_gqa_attention_matches_reference),
         cmocka_unit_test(test_gqa_options_match_reference),
         cmocka_unit_test(test_add_bias_adds_exactly_the_bias),

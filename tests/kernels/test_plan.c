@@ -48,7 +48,7 @@ static int setup(void **st)
 static void dims(cp_dims *d, int max_seqs, int max_len)
 {
     char err[256];
-    int rc = cp_dims_init(d, &cfg, &wts, max_seqs, max_len, 0, err, sizeof err);
+    int rc = cp_dims_init(d, &cfg, &wts, max_seqs, max_len, 0, 0, err, sizeof err);
     if (rc) fail_msg("cp_dims_init: %s", err);
 }
 

@@ -178,6 +178,13 @@ ref.stop()
 
 r = subprocess.run([SERVER, "--model", tiny, "--prefix-cache", "maybe"], capture_output=True, text=True)
 check(r.returncode == 2 and "--prefix-cache must be on or off" in r.stderr, "a bad --prefix-cache value is refused")
+# the KDA state dtype: bf16 is a CUDA storage option; the CPU reference refuses it by name
+r = subprocess.run([SERVER, "--model", tiny, "--kda-state-dtype", "fp16"], capture_output=True, text=True)
+check(r.returncode == 2 and "--kda-state-dtype must be fp32 or bf16" in r.stderr, "a bad --kda-state-dtype is refused")
+r = subprocess.run([SERVER, "--model", tiny, "--kda-state-dtype", "bf16", "--port", "0"], capture_output=True,
+                   text=True, timeout=60)
+check(r.returncode != 0 and "--kda-state-dtype bf16 is a CUDA option" in r.stderr,
+      "--kda-state-dtype bf16 on the CPU backend stops the server with a message naming the flag", r.stderr[-300:])
 
 # ---------------------------------------------------------------------------
 # stress: a budget of ~4 snapshots for a working set of dozens, 24 concurrent
