@@ -856,8 +856,22 @@ static int run_bench(void)
     /* KDA_CHUNK_BENCH_SMALL=1: tiny shapes, to dry-run this code (e.g. in the emulator) */
     const int small = getenv("KDA_CHUNK_BENCH_SMALL") != NULL;
     const int H = small ? 2 : 16, K = 128, V = 128, taps = 4, reps = small ? 1 : 15;
-    const int shapes[4][2] = {{1, small ? 256 : 2048}, {small ? 2 : 8, small ? 64 : 2048}, {1, small ? 320 : 8192},
-                              {small ? 2 : 4, small ? 128 : 8192}};
+    int shapes[8][2] = {{1, small ? 256 : 2048}, {small ? 2 : 8, small ? 64 : 2048}, {1, small ? 320 : 8192},
+                        {small ? 2 : 4, small ? 128 : 8192}};
+    int n_shapes = 4;
+    /* KDA_CHUNK_BENCH_BT="B:L,...": these shapes instead (up to 8; e.g. the short prompts of a
+     * serving mix, whose cost is the stages' fixed latency) */
+    const char *bt = getenv("KDA_CHUNK_BENCH_BT");
+    if (bt && *bt) {
+        n_shapes = 0;
+        for (const char *q = bt; *q && n_shapes < 8;) {
+            int b = 0, l = 0, used = 0;
+            if (sscanf(q, "%d:%d%n", &b, &l, &used) != 2 || b < 1 || l < 1) break;
+            shapes[n_shapes][0] = b, shapes[n_shapes][1] = l, n_shapes++;
+            q += used;
+            if (*q == ',') q++;
+        }
+    }
     int dev = 0;
     struct cudaDeviceProp prop;
     KT_CK(cudaGetDevice(&dev));
@@ -892,7 +906,7 @@ static int run_bench(void)
      * (for a profiler: one call per variant after the warm-up) */
     const char *only_shapes = getenv("KDA_CHUNK_BENCH_SHAPES"), *only_var = getenv("KDA_CHUNK_BENCH_VARIANT");
     const int no_stages = getenv("KDA_CHUNK_BENCH_NOSTAGES") != NULL;
-    for (int s = 0; s < 4; s++) {
+    for (int s = 0; s < n_shapes; s++) {
         if (only_shapes && !strchr(only_shapes, '0' + s)) continue;
         const int B = shapes[s][0], L = shapes[s][1], T = B * L;
         prob p;
