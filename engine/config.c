@@ -73,6 +73,19 @@ static int get_int(const cJSON *o, const char *key, int def, int lo, int hi, int
     return 0;
 }
 
+/* get_int for a key whose default is derived from other keys (head_dim =
+ * hidden_size / num_heads): the default must meet the same range, or a
+ * config that never names the key could set any value (fuzz_config found a
+ * 2,556-wide attention head past the RoPE table). */
+static int get_int_derived(const cJSON *o, const char *key, int def, int lo, int hi, int *out, char *err,
+                           size_t errlen)
+{
+    TRY(get_int(o, key, def, lo, hi, out, err, errlen));
+    if (*out < lo || *out > hi)
+        FAIL("\"%s\" is not set and its default from the other keys (%d) is outside [%d, %d]", key, *out, lo, hi);
+    return 0;
+}
+
 static int get_num(const cJSON *o, const char *key, double def, double lo, double hi, double *out, char *err,
                    size_t errlen)
 {
@@ -163,13 +176,13 @@ typedef struct {
 static int parse_kda_options(const cJSON *root, const kda_keys *k, int head_dim_def, int heads_def, model_config *c,
                              char *err, size_t errlen)
 {
-    TRY(get_int(root, k->head_dim, head_dim_def, 1, KDA_MAX_HEAD_DIM, &c->kda_k, err, errlen));
+    TRY(get_int_derived(root, k->head_dim, head_dim_def, 1, KDA_MAX_HEAD_DIM, &c->kda_k, err, errlen));
     if (heads_def == 0) {
         heads_def = c->d / c->kda_k;
         if (heads_def < 1 && !is_set(cJSON_GetObjectItemCaseSensitive(root, k->num_heads)))
             FAIL("\"%s\" is null and hidden_size / %s is 0", k->num_heads, k->head_dim);
     }
-    TRY(get_int(root, k->num_heads, heads_def, 1, 1024, &c->kda_h, err, errlen));
+    TRY(get_int_derived(root, k->num_heads, heads_def, 1, 1024, &c->kda_h, err, errlen));
     TRY(get_int(root, k->num_v_heads, c->kda_h, 1, 4096, &c->kda_hv, err, errlen));
     if (c->kda_hv < c->kda_h || c->kda_hv % c->kda_h)
         UNSUP("\"%s\" (%d) must be a multiple of \"%s\" (%d) (grouped value heads)", k->num_v_heads, c->kda_hv,
@@ -309,7 +322,7 @@ static int parse_attn_spec(const cJSON *a, const char *where, model_config *c, a
     TRY(get_int(a, "num_kv_heads", s->gqa_h, 1, 1024, &s->gqa_kvh, err, errlen));
     if (s->gqa_h % s->gqa_kvh)
         UNSUP("\"%s.num_heads\" (%d) must be a multiple of \"%s.num_kv_heads\" (%d)", where, s->gqa_h, where, s->gqa_kvh);
-    TRY(get_int(a, "head_dim", c->d / s->gqa_h, 2, KDA_MAX_HEAD_DIM, &s->gqa_hd, err, errlen));
+    TRY(get_int_derived(a, "head_dim", c->d / s->gqa_h, 2, KDA_MAX_HEAD_DIM, &s->gqa_hd, err, errlen));
     TRY(get_num(a, "rope_theta", 10000.0, 1.0, 1e12, &s->rope_theta, err, errlen));
     const cJSON *rd = cJSON_GetObjectItemCaseSensitive(a, "rope_dim");
     if (is_set(rd)) {
@@ -486,7 +499,7 @@ static int parse_llama_kda(const cJSON *root, model_config *c, char *err, size_t
     TRY(get_int(root, "num_key_value_heads", c->gqa_h, 1, 1024, &c->gqa_kvh, err, errlen));
     if (c->gqa_h % c->gqa_kvh)
         UNSUP("\"num_attention_heads\" (%d) must be a multiple of \"num_key_value_heads\" (%d)", c->gqa_h, c->gqa_kvh);
-    TRY(get_int(root, "head_dim", c->d / c->gqa_h, 2, KDA_MAX_HEAD_DIM, &c->gqa_hd, err, errlen));
+    TRY(get_int_derived(root, "head_dim", c->d / c->gqa_h, 2, KDA_MAX_HEAD_DIM, &c->gqa_hd, err, errlen));
     if (c->gqa_hd % 2) UNSUP("\"head_dim\" (%d) must be even (RoPE pairs)", c->gqa_hd);
     TRY(get_int(root, "intermediate_size", REQUIRED, 1, 1 << 20, &c->ffn, err, errlen));
     TRY(get_int(root, "vocab_size", REQUIRED, 1, 1 << 24, &c->vocab, err, errlen));

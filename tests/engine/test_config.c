@@ -146,6 +146,11 @@ static void test_head_widths_above_the_engine_limit_are_refused(void **st)
                  "\"head_dim\":2048,\"vocab_size\":256,\"intermediate_size\":128}", KDA_EFORMAT, "\"head_dim\"");
     expect_error("{" KDA_BASE ",\"attn\":{\"layers\":[3],\"num_heads\":4,\"head_dim\":2048}}", KDA_EFORMAT,
                  "head_dim");
+    /* head_dim left out: its default hidden_size / num_heads meets the same limit (fuzz_config found
+     * a 40,896-wide model with 16 attention heads writing past the RoPE table) */
+    expect_error("{\"model_type\":\"kda\",\"hidden_size\":40896,\"num_hidden_layers\":4,\"num_heads\":16,"
+                 "\"head_dim\":128,\"vocab_size\":256,\"intermediate_size\":128,"
+                 "\"attn\":{\"layers\":[3],\"num_heads\":16}}", KDA_EFORMAT, "default from the other keys (2556)");
     /* the widest allowed still parses */
     assert_int_equal(config_parse(&c, "{\"model_type\":\"kda\",\"hidden_size\":64,\"num_hidden_layers\":1,"
                                       "\"num_heads\":1,\"head_dim\":64,\"expand_v\":16,\"vocab_size\":256,"
