@@ -41,8 +41,10 @@
  *    timeout is the same for all, so appending keeps the queue sorted and the
  *    loop only looks at its head;
  *  - a request body reserves its Content-Length (or, chunked, what it has
- *    grown to) from a global budget before any of it is stored; a request the
- *    budget cannot hold gets 503 at once.
+ *    grown to) from a global budget, and from its client's share of it, before
+ *    any of it is stored; a request either cannot hold gets 503 at once. The
+ *    client's share is kept in the same table as its connections, so one
+ *    address with many stalled uploads cannot take the whole budget.
  * Shutdown: http_stop first detaches every job from its connection under the
  * client's mutex, so the scheduler's wake() never reaches MHD again.
  */
@@ -121,11 +123,13 @@ typedef struct http_sock http_sock;
 /* A client address: IPv4 as IPv4-mapped IPv6, so one key type serves both. */
 typedef struct { unsigned char a[16]; } client_key;
 
-/* Open connections per client address: open addressing with linear probing,
- * at least twice as many slots as connections can be open, so it never fills. */
+/* Open connections and body bytes per client address: open addressing with
+ * linear probing, at least twice as many slots as connections can be open, so
+ * it never fills (a client holds body bytes only through an open connection). */
 typedef struct {
     client_key key;
-    int count;              /* 0: free slot */
+    int count;              /* open connections */
+    size_t body_bytes;      /* reserved by its requests being received; count == 0 && body_bytes == 0: free slot */
 } client_slot;
 
 /* One TCP connection (MHD's socket context; loop thread only). */
@@ -180,9 +184,10 @@ struct http_conn {
     char method[8];
     char url[512];
     char *body; size_t len, cap;
-    size_t reserved;        /* bytes of h->body_bytes this request holds */
+    size_t reserved;        /* bytes of h->body_bytes (and of its client's share) this request holds */
+    client_key key;         /* its client, whose share holds `reserved` */
     int too_large;
-    int over_budget;        /* chunked body outgrew the budget: discarded, 503 at the end */
+    int over_budget;        /* chunked body outgrew a budget (BUDGET_*): discarded, 503 at the end */
     int big;                /* used TRIM_BYTES or more: trim the heap when done */
     int responded;          /* a response is queued */
     int status;
@@ -472,12 +477,32 @@ static size_t key_hash(const client_key *k)
     return (size_t)x;
 }
 
+static int slot_used(const client_slot *c) { return c->count > 0 || c->body_bytes > 0; }
+
 /* The slot holding k, or the free slot where it would go. Caller holds clients_mu. */
 static size_t client_find(const http_server *h, const client_key *k)
 {
     size_t mask = h->n_slots - 1, i = key_hash(k) & mask;
-    while (h->clients[i].count && memcmp(&h->clients[i].key, k, sizeof *k)) i = (i + 1) & mask;
+    while (slot_used(&h->clients[i]) && memcmp(&h->clients[i].key, k, sizeof *k)) i = (i + 1) & mask;
     return i;
+}
+
+/* Frees slot i if its client holds nothing any more. Backward-shift deletion:
+ * move up every later entry of the probe run whose home slot does not lie
+ * between the hole and itself. Caller holds clients_mu. */
+static void client_release(http_server *h, size_t i)
+{
+    if (slot_used(&h->clients[i])) return;
+    size_t mask = h->n_slots - 1;
+    h->clients[i] = (client_slot){0};
+    for (size_t j = (i + 1) & mask; slot_used(&h->clients[j]); j = (j + 1) & mask) {
+        size_t home = key_hash(&h->clients[j].key) & mask;
+        if (((j - home) & mask) >= ((j - i) & mask)) {
+            h->clients[i] = h->clients[j];
+            h->clients[j] = (client_slot){0};
+            i = j;
+        }
+    }
 }
 
 static int client_count(http_server *h, const client_key *k)
@@ -491,22 +516,11 @@ static int client_count(http_server *h, const client_key *k)
 static void client_add(http_server *h, const client_key *k, int delta)
 {
     pthread_mutex_lock(&h->clients_mu);
-    size_t mask = h->n_slots - 1, i = client_find(h, k);
+    size_t i = client_find(h, k);
     h->clients[i].key = *k;
     h->clients[i].count += delta;
-    if (h->clients[i].count <= 0) {
-        /* Backward-shift deletion: move up every later entry of the probe run
-         * whose home slot does not lie between the hole and itself. */
-        h->clients[i].count = 0;
-        for (size_t j = (i + 1) & mask; h->clients[j].count; j = (j + 1) & mask) {
-            size_t home = key_hash(&h->clients[j].key) & mask;
-            if (((j - home) & mask) >= ((j - i) & mask)) {
-                h->clients[i] = h->clients[j];
-                h->clients[j].count = 0;
-                i = j;
-            }
-        }
-    }
+    if (h->clients[i].count < 0) h->clients[i].count = 0;
+    client_release(h, i);
     pthread_mutex_unlock(&h->clients_mu);
 }
 
@@ -612,26 +626,79 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
 
 /* ---- the body budget ---- */
 
-/* The last eighth of the budget is kept for bodies of SMALL_BODY or less, so
- * large uploads that stall cannot starve ordinary requests. */
-static int budget_take(http_server *h, size_t n)
+enum { BUDGET_OK, BUDGET_GLOBAL, BUDGET_CLIENT };   /* which budget refused */
+
+/* What a body of n bytes may find reserved before it: the last eighth of a
+ * budget is kept for bodies of SMALL_BODY or less, so large uploads that stall
+ * cannot starve ordinary requests (where the rest still holds a whole body). */
+static size_t budget_limit(const http_server *h, size_t budget, size_t n)
 {
-    if (!h->o.body_budget) {
-        atomic_fetch_add(&h->body_bytes, n);
-        return 1;
-    }
-    size_t limit = h->o.body_budget;
-    if (n > SMALL_BODY && limit - limit / 8 >= h->o.max_body) limit -= limit / 8;
-    size_t cur = atomic_load(&h->body_bytes);
-    do {
-        if (cur + n > limit) return 0;
-    } while (!atomic_compare_exchange_weak(&h->body_bytes, &cur, cur + n));
-    return 1;
+    if (n > SMALL_BODY && budget - budget / 8 >= h->o.max_body) budget -= budget / 8;
+    return budget;
 }
 
-static void budget_give(http_server *h, size_t n)
+/* Reserves n more bytes for hc's body from the global budget and its client's
+ * share; both or neither. The share is checked and taken under clients_mu, so
+ * a client's loops cannot overshoot it together. */
+static int budget_take(http_server *h, http_conn *hc, size_t n)
 {
-    if (n) atomic_fetch_sub(&h->body_bytes, n);
+    size_t share = h->o.body_budget_per_client;
+    pthread_mutex_lock(&h->clients_mu);
+    size_t i = client_find(h, &hc->key);
+    if (share && h->clients[i].body_bytes + n > budget_limit(h, share, n)) {
+        pthread_mutex_unlock(&h->clients_mu);
+        return BUDGET_CLIENT;
+    }
+    size_t cur = atomic_load(&h->body_bytes);
+    do {
+        if (h->o.body_budget && cur + n > budget_limit(h, h->o.body_budget, n)) {
+            pthread_mutex_unlock(&h->clients_mu);
+            return BUDGET_GLOBAL;
+        }
+    } while (!atomic_compare_exchange_weak(&h->body_bytes, &cur, cur + n));
+    h->clients[i].key = hc->key;
+    h->clients[i].body_bytes += n;
+    hc->reserved += n;
+    pthread_mutex_unlock(&h->clients_mu);
+    return BUDGET_OK;
+}
+
+/* Gives back everything hc reserved; called once, when the request ends
+ * however it ends (on_completed: answered, refused, aborted, timed out). */
+static void budget_give(http_server *h, http_conn *hc)
+{
+    size_t n = hc->reserved;
+    if (!n) return;
+    hc->reserved = 0;
+    pthread_mutex_lock(&h->clients_mu);
+    size_t i = client_find(h, &hc->key);
+    h->clients[i].body_bytes = h->clients[i].body_bytes >= n ? h->clients[i].body_bytes - n : 0;
+    client_release(h, i);
+    atomic_fetch_sub(&h->body_bytes, n);
+    pthread_mutex_unlock(&h->clients_mu);
+}
+
+static size_t client_body_bytes(http_server *h, const client_key *k)
+{
+    pthread_mutex_lock(&h->clients_mu);
+    size_t n = h->clients[client_find(h, k)].body_bytes;
+    pthread_mutex_unlock(&h->clients_mu);
+    return n;
+}
+
+/* The 503 of a body a budget cannot hold. */
+static enum MHD_Result reply_over_budget(http_conn *hc, int which)
+{
+    http_server *h = hc->h;
+    if (which == BUDGET_CLIENT) {
+        metrics_rejected(METRICS_REJECT_CLIENT_BODY_BUDGET);
+        return reply_error(hc, 503, "this client is sending too many request bodies at once (%zu bytes in flight "
+                                    "from its address, share %zu, --max-body-bytes-in-flight-per-client); retry later",
+                           client_body_bytes(h, &hc->key), h->o.body_budget_per_client);
+    }
+    metrics_rejected(METRICS_REJECT_BODY_BUDGET);
+    return reply_error(hc, 503, "the server is receiving too many request bodies at once (%zu bytes in flight, "
+                                "--max-body-bytes-in-flight); retry later", atomic_load(&h->body_bytes));
 }
 
 /* ---- dispatch ---- */
@@ -860,13 +927,8 @@ static enum MHD_Result on_headers(http_conn *hc, const char *url, const char *me
         }
         /* reserved now, so a request the budget cannot hold is refused before
          * a byte of it is stored; allocated at its exact size on arrival */
-        if (n && !budget_take(h, (size_t)n + 1)) {
-            metrics_rejected(METRICS_REJECT_BODY_BUDGET);
-            return reply_error(hc, 503, "the server is receiving too many request bodies at once (%zu bytes in "
-                                        "flight, --max-body-bytes-in-flight); retry later",
-                               atomic_load(&h->body_bytes));
-        }
-        if (n) hc->reserved = (size_t)n + 1;
+        int refused = n ? budget_take(h, hc, (size_t)n + 1) : BUDGET_OK;
+        if (refused) return reply_over_budget(hc, refused);
         publish_http_gauges(h);
     }
     return MHD_YES;
@@ -886,6 +948,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         hc->loop = l;
         hc->conn = conn;
         hc->t0 = srv_now();
+        http_sock *sk = sock_of(conn);
+        if (sk) hc->key = sk->key;
         *con_cls = hc;
         return on_headers(hc, url, method);
     }
@@ -906,14 +970,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
             size_t cap = hc->reserved > hc->len + n ? hc->reserved : hc->cap ? hc->cap : 4096;
             while (cap < hc->len + n + 1) cap *= 2;
             if (cap > hc->reserved) {
-                if (!budget_take(h, cap - hc->reserved)) {
-                    hc->over_budget = 1;
+                int refused = budget_take(h, hc, cap - hc->reserved);
+                if (refused) {
+                    hc->over_budget = refused;
                     free(hc->body);
                     hc->body = NULL;
                     hc->len = hc->cap = 0;
                     return MHD_YES;
                 }
-                hc->reserved = cap;
             }
             char *b = realloc(hc->body, cap);
             if (!b) return MHD_NO;
@@ -933,11 +997,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         metrics_rejected(METRICS_REJECT_BODY_SIZE);
         return reply_error(hc, 413, "request body exceeds the limit of %zu bytes (--max-body-bytes)", h->o.max_body);
     }
-    if (hc->over_budget) {
-        metrics_rejected(METRICS_REJECT_BODY_BUDGET);
-        return reply_error(hc, 503, "the server is receiving too many request bodies at once "
-                                    "(--max-body-bytes-in-flight); retry later");
-    }
+    if (hc->over_budget) return reply_over_budget(hc, hc->over_budget);
     return dispatch(hc);
 }
 
@@ -970,7 +1030,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     if (sk && toe == MHD_REQUEST_TERMINATED_COMPLETED_OK) deadline_arm(sk, srv_now());
     int big = hc->big;
     free(hc->body);
-    budget_give(h, hc->reserved);
+    budget_give(h, hc);
     publish_http_gauges(h);
     api_buf_free(&hc->sse);
     free(hc);

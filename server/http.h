@@ -3,7 +3,8 @@
  * the suspend/resume dance that lets a request wait for the scheduler
  * without holding an HTTP thread, the keep-alive comments of idle streams,
  * and the limits that keep hostile clients from starving the others
- * (connections per client, the whole-request deadline, the body budget).
+ * (connections per client, the whole-request deadline, the body budget and
+ * each client's share of it).
  */
 #ifndef SRV_HTTP_H
 #define SRV_HTTP_H
@@ -25,6 +26,7 @@ typedef struct {
     double request_timeout_s;   /* a connection must deliver a whole request (headers and body) this
                                  * long after opening or after its previous response (0: no deadline) */
     size_t body_budget;     /* request-body bytes all requests being received may reserve (0: no cap) */
+    size_t body_budget_per_client;   /* ... and those of one client address (0: no cap) */
     size_t max_json;        /* memory cJSON may hold for one request's body (0: no cap; json_budget.h) */
     int webui;              /* serve the playground page at GET / */
     const char *allowed_origins;  /* CORS: comma-separated origins or "*"; NULL: no CORS headers */

@@ -41,7 +41,7 @@ typedef struct {
     double grace_s, heartbeat_s, gpu_mem_fraction;
     long max_body;
     /* hostile-client limits (README, "Limits"); -1: the default worked out at startup */
-    long max_connections, max_per_client, body_budget, max_json, max_tokenize_tokens;
+    long max_connections, max_per_client, body_budget, body_budget_per_client, max_json, max_tokenize_tokens;
     double request_timeout_s;
     kda_tuning tuning;   /* $KDA_TUNING, then --tuning on top, then --kda-state-dtype */
     const char *state_dtype;
@@ -84,7 +84,10 @@ static void usage(FILE *f)
         "  --max-body-bytes N     request bodies above this get 413 (default 8388608)\n"
         "  --max-body-bytes-in-flight N  request-body bytes all requests being received may hold;\n"
         "                         a request that does not fit gets 503 before its body is read\n"
-        "                         (default 201326592 = 192 MiB; at least --max-body-bytes)\n"
+        "                         (default 201326592 = 192 MiB; 0 = no cap, else at least --max-body-bytes)\n"
+        "  --max-body-bytes-in-flight-per-client N  ... of which one client address may hold; beyond it\n"
+        "                         503 the same way (default: a quarter of --max-body-bytes-in-flight, at\n"
+        "                         least --max-body-bytes; 0 = no cap, else at least --max-body-bytes)\n"
         "  --max-json-bytes N     memory parsing one request body may take (a JSON array costs ~64\n"
         "                         bytes per element); above it 413 (default 33554432 = 32 MiB)\n"
         "  --max-tokenize-tokens N  /tokenize results longer than this get 400 (default 262144)\n"
@@ -151,7 +154,8 @@ static int parse_flags(int argc, char **argv, flags *f)
                  .http_threads = 4, .grace_s = 30,
                  .prefix_cache = 1, .prefix_cache_bytes = 2147483648L,
                  .heartbeat_s = 15, .max_body = 8 << 20,
-                 .max_connections = -1, .max_per_client = -1, .body_budget = 192L << 20, .max_json = 32L << 20,
+                 .max_connections = -1, .max_per_client = -1, .body_budget = 192L << 20, .body_budget_per_client = -1,
+                 .max_json = 32L << 20,
                  .max_tokenize_tokens = 262144, .request_timeout_s = 60};
     kda_tuning_defaults(&f->tuning);
     {
@@ -229,6 +233,10 @@ static int parse_flags(int argc, char **argv, flags *f)
         else if (!strcmp(a, "--prefill-chunk")) { rc = parse_long(a, v, 1, 1 << 16, &x); f->prefill_chunk = (int)x; }
         else if (!strcmp(a, "--max-body-bytes")) { rc = parse_long(a, v, 1024, 1L << 32, &x); f->max_body = x; }
         else if (!strcmp(a, "--max-body-bytes-in-flight")) { rc = parse_long(a, v, 0, 1L << 40, &x); f->body_budget = x; }
+        else if (!strcmp(a, "--max-body-bytes-in-flight-per-client")) {
+            rc = parse_long(a, v, 0, 1L << 40, &x);
+            f->body_budget_per_client = x;
+        }
         else if (!strcmp(a, "--max-json-bytes")) { rc = parse_long(a, v, 0, 1L << 40, &x); f->max_json = x; }
         else if (!strcmp(a, "--max-tokenize-tokens")) { rc = parse_long(a, v, 1, INT_MAX, &x); f->max_tokenize_tokens = x; }
         else if (!strcmp(a, "--max-connections")) { rc = parse_long(a, v, 1, 1 << 20, &x); f->max_connections = x; }
@@ -254,6 +262,15 @@ static int parse_flags(int argc, char **argv, flags *f)
         fprintf(stderr, "kda-server: --max-body-bytes-in-flight (%ld) must be 0 or at least --max-body-bytes (%ld)\n",
                 f->body_budget, f->max_body);
         return -1;
+    }
+    if (f->body_budget_per_client > 0 && f->body_budget_per_client < f->max_body) {
+        fprintf(stderr, "kda-server: --max-body-bytes-in-flight-per-client (%ld) must be 0 or at least --max-body-bytes "
+                        "(%ld)\n", f->body_budget_per_client, f->max_body);
+        return -1;
+    }
+    if (f->body_budget_per_client < 0) {   /* the default: a quarter of the budget, holding one whole body */
+        long share = f->body_budget / 4;
+        f->body_budget_per_client = !f->body_budget ? 0 : share > f->max_body ? share : f->max_body;
     }
     return 0;
 }
@@ -403,6 +420,7 @@ int main(int argc, char **argv)
                     .max_body = (size_t)f.max_body, .webui = !f.no_webui, .allowed_origins = f.allowed_origins,
                     .heartbeat_s = f.heartbeat_s, .max_connections = connection_capacity(f.max_connections),
                     .request_timeout_s = f.request_timeout_s, .body_budget = (size_t)f.body_budget,
+                    .body_budget_per_client = (size_t)f.body_budget_per_client,
                     .max_json = (size_t)f.max_json};
     ho.max_per_client = f.max_per_client >= 0 ? (int)f.max_per_client : ho.max_connections / 2;
     if (http_start(&h, &ho, &port, err, sizeof err)) {
@@ -474,10 +492,10 @@ int main(int argc, char **argv)
     srv_log(SRV_LOG_INFO,
             "ready: model \"%s\", max batch %d, queue %d, step budget %d tokens (%d with nothing decoding, "
             "chunks of %d), API key %s, %d HTTP threads, up to %d connections (%d per client), request timeout "
-            "%.0fs, request bodies in flight up to %.0f MiB",
+            "%.0fs, request bodies in flight up to %.0f MiB (%.0f MiB per client),
             name, max_batch, f.max_queue, f.step_tokens, f.step_tokens_idle, f.prefill_chunk, key ? "required" : "off",
             f.http_threads, ho.max_connections, ho.max_per_client, ho.request_timeout_s,
-            (double)ho.body_budget / 1048576.0);
+            (double)ho.body_budget / 1048576.0, (double)ho.body_budget_per_client / 1048576.0);
 
     int sig;
     while (!(sig = wait_signal(&sigs, 3600))) {}

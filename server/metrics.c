@@ -31,7 +31,7 @@ static const char *const reasons[] = {"stop", "length", "abort", "error"};
 static const char *const reject_names[METRICS_N_REJECT] = {
     [METRICS_REJECT_CLIENT_CONNECTIONS] = "client_connections", [METRICS_REJECT_REQUEST_TIMEOUT] = "request_timeout",
     [METRICS_REJECT_BODY_SIZE] = "body_size", [METRICS_REJECT_BODY_BUDGET] = "body_budget",
-    [METRICS_REJECT_JSON_MEMORY] = "json_memory", [METRICS_REJECT_CONTENT_TYPE] = "content_type",
+    [METRICS_REJECT_CLIENT_BODY_BUDGET] = "client_body_budget",    [METRICS_REJECT_JSON_MEMORY] = "json_memory", [METRICS_REJECT_CONTENT_TYPE] = "content_type",
     [METRICS_REJECT_FRAMING] = "framing", [METRICS_REJECT_UNAUTHORIZED] = "unauthorized",
 };
 

@@ -40,6 +40,7 @@ enum {
     METRICS_REJECT_REQUEST_TIMEOUT,     /* --request-timeout: closed before the request was complete */
     METRICS_REJECT_BODY_SIZE,           /* --max-body-bytes (413) */
     METRICS_REJECT_BODY_BUDGET,         /* --max-body-bytes-in-flight (503) */
+    METRICS_REJECT_CLIENT_BODY_BUDGET,  /* --max-body-bytes-in-flight-per-client (503) */
     METRICS_REJECT_JSON_MEMORY,         /* --max-json-bytes (413) */
     METRICS_REJECT_CONTENT_TYPE,        /* 415 */
     METRICS_REJECT_FRAMING,             /* conflicting Content-Length / Transfer-Encoding (400) */

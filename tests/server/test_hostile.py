@@ -301,15 +301,17 @@ with Server(MODEL, "--max-connections", "1024", "--max-connections-per-client", 
 
 
 # ---- stalled uploads ----
-def stalled_uploads(s, n, body=8 * MiB, sent=None, hold_s=1.0):
+def stalled_uploads(s, n, body=8 * MiB, sent=None, hold_s=1.0, sources=("127.0.0.1",)):
+    """n uploads of body bytes that send `sent` of them and stall, from the source addresses in turn."""
     sent = sent or body - 256 * 1024
     rss0 = status_kib(s.proc.pid, "VmRSS")
     socks, refused = [], 0
     lock = threading.Lock()
 
-    def one():
+    def one(src):
         nonlocal refused
         c = socket.socket()
+        c.bind((src, 0))
         c.connect(("127.0.0.1", s.port))
         c.sendall(b"POST /score HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % body)
         c.settimeout(0.3)   # a refusal comes at once, before any of the body
@@ -336,7 +338,7 @@ def stalled_uploads(s, n, body=8 * MiB, sent=None, hold_s=1.0):
         with lock:
             socks.append(c)
 
-    ths = [threading.Thread(target=one) for _ in range(n)]
+    ths = [threading.Thread(target=one, args=(sources[i % len(sources)],)) for i in range(n)]
     for i in range(0, n, 16):
         for t in ths[i:i + 16]:
             t.start()
@@ -360,10 +362,13 @@ def stalled_uploads(s, n, body=8 * MiB, sent=None, hold_s=1.0):
 
 
 n_up = 200 if FULL else 40
+# from eight client addresses, so that the global budget binds before each client's share (a quarter of it)
+upload_sources = [f"127.0.1.{k}" for k in range(1, 9)]
 with Server(MODEL) as s:
-    r = stalled_uploads(s, n_up)
+    r = stalled_uploads(s, n_up, sources=upload_sources)
     print("stalled uploads:", r)
-    figures["stalled_uploads"] = dict(r, server_flags="defaults (--max-body-bytes-in-flight 192 MiB)")
+    figures["stalled_uploads"] = dict(r, server_flags="defaults (--max-body-bytes-in-flight 192 MiB, 48 MiB per client)",
+                                      client_addresses=len(upload_sources))
     if not ASAN:
         check(r["rss_growth_mib"] <= 256, f"{n_up} stalled 8 MiB uploads grow RSS by at most 256 MiB",
               f"{r['rss_growth_mib']} MiB")
@@ -372,6 +377,135 @@ with Server(MODEL) as s:
     check(r["ordinary_score_ok"], "a small /score is served while the budget is taken (its reserve)")
     check(r["body_bytes_in_flight_after"] == 0, "the budget is given back when the uploads go away")
     s.check_clean_exit()
+
+
+# ---- one client's share of the body budget ----
+def post_from(src, port, path, body, chunked=False, timeout=30):
+    """POSTs body (bytes) from source address src on a fresh connection; returns (status, response body)."""
+    c = socket.socket()
+    c.bind((src, 0))
+    c.settimeout(timeout)
+    c.connect(("127.0.0.1", port))
+    head = b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n" % path.encode()
+    try:
+        if chunked:
+            c.sendall(head + b"Transfer-Encoding: chunked\r\n\r\n")
+            for i in range(0, len(body), 64 * 1024):
+                part = body[i:i + 64 * 1024]
+                c.sendall(b"%x\r\n" % len(part) + part + b"\r\n")
+            c.sendall(b"0\r\n\r\n")
+        else:
+            c.sendall(head + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    except OSError:
+        pass
+    out = b""
+    try:
+        while True:
+            b = c.recv(65536)
+            if not b:
+                break
+            out += b
+    except OSError:
+        pass
+    c.close()
+    try:
+        return int(out.split(b" ", 2)[1]), out.split(b"\r\n\r\n", 1)[1].decode(errors="replace")
+    except (IndexError, ValueError):
+        return 0, ""
+
+
+def padded_score(size):
+    """A /score body of exactly size bytes: a short text and an ignored "pad" field."""
+    head = b'{"text":"ordinary","pad":"'
+    return head + b"x" * (size - len(head) - 2) + b'"}'
+
+
+def body_gauge(s):
+    return metric(metrics(s), "kda_http_body_bytes_in_flight")
+
+
+def wait_gauge_zero(s, within_s):
+    until = time.time() + within_s
+    while time.time() < until and body_gauge(s) != 0:
+        time.sleep(0.1)
+    return body_gauge(s)
+
+
+# The global budget (16 MiB) would take 13 of A's 1 MiB uploads and then refuse B's; the share (4 MiB, of which
+# the last eighth is kept for bodies of 64 KiB or less) admits 3 of A's and refuses the rest naming the flag.
+share_body, share, share_timeout = MiB, 4 * MiB, 4
+client_a, client_b = "127.0.0.3", "127.0.0.4"
+with Server(MODEL, "--max-body-bytes", str(share_body), "--max-body-bytes-in-flight", str(16 * MiB),
+            "--max-body-bytes-in-flight-per-client", str(share), "--request-timeout", str(share_timeout)) as s:
+    refusals = []
+    n_a = 16
+    r = stalled_uploads(s, n_a, body=share_body, sent=share_body - 64 * 1024, hold_s=0.3, sources=(client_a,))
+    print("one client's stalled uploads:", r)
+    a_held = r["stalled_held"]
+    check(a_held == 3 and r["refused_503"] == n_a - 3,
+          "client A's stalled 1 MiB uploads: its 4 MiB share admits 3 (7/8 of it), the other 13 get 503", f"{r}")
+    check(3 * share_body <= r["body_bytes_in_flight"] <= share - share // 8,
+          "kda_http_body_bytes_in_flight holds A's 3 bodies", f"{r['body_bytes_in_flight']}")
+    check(r["body_bytes_in_flight_after"] == 0, "A's uploads going away give their bytes back: the gauge is 0 again",
+          f"{r['body_bytes_in_flight_after']}")
+    # again, held while B uploads and /health is probed; then left to the request deadline
+    socks = []
+    for _ in range(n_a):
+        c = socket.socket()
+        c.bind((client_a, 0))
+        c.connect(("127.0.0.1", s.port))
+        c.sendall(b"POST /score HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                  % share_body)
+        c.settimeout(0.3)
+        try:
+            first = c.recv(4096)
+        except socket.timeout:
+            first = b""
+        if first:
+            refusals.append(first)
+            c.close()
+        else:
+            c.sendall(b"x" * (share_body - 64 * 1024))
+            socks.append(c)
+    check(len(socks) == 3 and len(refusals) == n_a - 3, "after that A's share is whole again: 3 admitted, 13 refused",
+          f"{len(socks)} held, {len(refusals)} refused")
+    check(all(b" 503 " in x and b"--max-body-bytes-in-flight-per-client" in x and b"Retry-After" in x for x in refusals),
+          "the refusal is a 503 with Retry-After naming --max-body-bytes-in-flight-per-client",
+          refusals[0][:400].decode(errors="replace") if refusals else "")
+    st_ac, text_ac = post_from(client_a, s.port, "/score", padded_score(share_body - 4096), chunked=True)
+    check(st_ac == 503 and "--max-body-bytes-in-flight-per-client" in text_ac,
+          "A's chunked upload that outgrows its share gets 503 naming the flag", f"{st_ac} {text_ac[:200]}")
+    st_as, text_as = post_from(client_a, s.port, "/score", json.dumps({"text": "small"}).encode())
+    check(st_as == 200, "A's own small request still fits its share (the reserve for bodies of 64 KiB or less)",
+          f"{st_as} {text_as[:200]}")
+    st_b, text_b = post_from(client_b, s.port, "/score", padded_score(share_body))
+    check(st_b == 200 and "token_logprobs" in text_b, "client B's 1 MiB upload is served meanwhile", f"{st_b} {text_b[:200]}")
+    st_bc, text_bc = post_from(client_b, s.port, "/score", padded_score(share_body - 4096), chunked=True)
+    check(st_bc == 200, "client B's chunked 1 MiB upload is served meanwhile", f"{st_bc} {text_bc[:200]}")
+    lat = []
+    for _ in range(40):
+        ms, st = health_ms(s.port)
+        lat.append(ms if st == 200 else float("inf"))
+    figures["client_body_share"] = {"share_bytes": share, "a_uploads": n_a, "a_admitted": a_held,
+                                    "health_p99_ms": round(p99(lat), 2), "b_upload_status": st_b}
+    check(p99(lat) < 100, "/health p99 < 100 ms meanwhile", f"{p99(lat):.1f} ms")
+    check(metric(metrics(s), "kda_http_rejected_total", {"reason": "client_body_budget"}) >= 2 * (n_a - 3) + 1,
+          "these refusals are counted as reason client_body_budget")
+    # the request deadline closes A's stalled uploads and gives their bytes back, once
+    left = wait_gauge_zero(s, share_timeout + 3)
+    check(left == 0, "A's uploads closed by --request-timeout give their bytes back: the gauge is 0", f"{left}")
+    for c in socks:
+        c.close()
+    time.sleep(0.3)
+    check(body_gauge(s) == 0, "and closing them afterwards gives nothing back twice")
+    r = stalled_uploads(s, 3, body=share_body, sent=share_body - 64 * 1024, hold_s=0.1, sources=(client_a,))
+    check(r["stalled_held"] == 3 and r["body_bytes_in_flight_after"] == 0,
+          "A's whole share is free again after the timeouts", f"{r}")
+    s.check_clean_exit()
+r = subprocess.run([SERVER, "--model", MODEL, "--max-body-bytes", str(MiB), "--max-body-bytes-in-flight-per-client",
+                    str(MiB - 1)], capture_output=True, text=True, timeout=60)
+check(r.returncode == 2 and "--max-body-bytes-in-flight-per-client" in r.stderr,
+      "a per-client share below --max-body-bytes is refused at startup", f"rc={r.returncode} {r.stderr[-200:]}")
 
 
 # ---- amplification ----
@@ -422,9 +556,8 @@ with Server(MODEL) as s:
     rss0 = status_kib(s.proc.pid, "VmRSS")
     reset_hwm(s.proc.pid)
     data = json.dumps({"tokens": [1] * (4 * MiB - 64)}, separators=(",", ":")).encode()
-    ths = [threading.Thread(target=lambda: requests.post(u + "/generate", data=data, timeout=60,
-                                                         headers={"Content-Type": "application/json"}))
-           for _ in range(8)]
+    # from eight addresses: one client's share of the body budget (48 MiB) would admit five of them
+    ths = [threading.Thread(target=post_from, args=(f"127.0.2.{k}", s.port, "/generate", data)) for k in range(1, 9)]
     for t in ths:
         t.start()
     ok_during = ordinary_generate(s)
