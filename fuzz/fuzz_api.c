@@ -55,6 +55,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
         c->max_seq_len = 96;   /* small, so context limits are reachable */
         c->model_name = "demo";
         c->max_tasks = 8;
+        api_ctx_measure_tokens(c);   /* the response bound's token sizes */
         if (!tok_is_bytes(t)) {
             snprintf(c->specials.bos, sizeof c->specials.bos, "%s", tok_id_to_piece(t, c->bos_id));
             snprintf(c->specials.eos, sizeof c->specials.eos, "%s", tok_id_to_piece(t, c->eos_id));
@@ -191,12 +192,14 @@ static void render(api_job *j, unsigned opt)
             FZ_CHECK(t->prompt[k] >= 0 && t->prompt[k] < j->ctx->vocab_size, "task %d: prompt id %d", i, t->prompt[k]);
         FZ_CHECK(t->n_top >= 0 && t->n_top <= 20, "task %d: n_top %d", i, t->n_top);
     }
+    size_t bound = api_response_bound(j);   /* --max-response-bytes refuses above it: never exceeded */
     if (!j->stream) {
         for (int i = 0; i < c->n_tasks; i++) simulate(j->ctx, &c->tasks[i], opt, i);
         int status = 0;
         size_t n = 0;
         char *body = api_render(j, &status, &n);
         check_json(body, n, "response");
+        FZ_CHECK(n <= bound, "response of %zu bytes above its bound of %zu", n, bound);
         free(body);
         return;
     }
@@ -208,6 +211,9 @@ static void render(api_job *j, unsigned opt)
     for (int round = 0; round < 3 && !done; round++) done = api_render_stream(j, &out);
     FZ_CHECK(done, "stream did not end after every task finished");
     check_sse(out.p, out.len);
+    size_t sent = out.len;   /* keep-alive comments are left out of the bound */
+    for (const char *p = out.p; (p = strstr(p, ": keep-alive\n\n")); p += 14) sent -= 14;
+    FZ_CHECK(sent <= bound, "stream of %zu bytes above its bound of %zu", sent, bound);
     FZ_CHECK(out.len >= 14 && !strcmp(out.p + out.len - 14, "data: [DONE]\n\n"), "stream does not end with [DONE]");
     api_buf_free(&out);
 }

@@ -22,6 +22,7 @@
 
 #include "fields.h"
 #include "json_body.h"
+#include "json_text.h"
 #include "log.h"
 
 #define API_MAX_STOPS 16
@@ -75,40 +76,6 @@ static int fail_p(api_error *e, int status, const char *param, const char *fmt, 
     e->status = status;
     snprintf(e->param, sizeof e->param, "%s", param);
     return -1;
-}
-
-/* ---- UTF-8 hygiene: JSON output must be valid UTF-8 without NULs ---- */
-
-/* Copies n bytes into a NUL-terminated string, replacing each invalid byte
- * (and NUL) by U+FFFD, so clients' JSON parsers never choke. */
-static char *utf8_clean(const char *s, size_t n)
-{
-    char *out = malloc(n * 3 + 1), *o = out;
-    if (!out) return NULL;
-    const unsigned char *p = (const unsigned char *)s, *end = p + n;
-    while (p < end) {
-        unsigned c = *p;
-        int len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-        int ok = len > 0 && c != 0 && p + len <= end;
-        for (int k = 1; ok && k < len; k++) ok = (p[k] & 0xC0) == 0x80;
-        if (ok && len > 1) {
-            unsigned cp = c & (0x7F >> len);
-            for (int k = 1; k < len; k++) cp = (cp << 6) | (p[k] & 0x3F);
-            ok = !(len == 2 && cp < 0x80) && !(len == 3 && cp < 0x800) && !(len == 4 && (cp < 0x10000 || cp > 0x10FFFF)) &&
-                 !(cp >= 0xD800 && cp <= 0xDFFF);
-        }
-        if (ok) {
-            memcpy(o, p, (size_t)len);
-            o += len;
-            p += len;
-        } else {
-            memcpy(o, "\xEF\xBF\xBD", 3);
-            o += 3;
-            p++;
-        }
-    }
-    *o = '\0';
-    return out;
 }
 
 /* "[1,2,3]", malloc'd. */
@@ -465,7 +432,7 @@ static int check_context(const api_ctx *ctx, int n_prompt, long max_tokens, int 
                       which);
     }
     if ((long)n_prompt + max_tokens > ctx->max_seq_len)
-        return fail_p(e, 400, "max_tokens", "prompt%s (%d tokens) + max_tokens (%ld) = %ld exceeds the context length %d",
+        return fail_p(e, 400, n_prompt > ctx->max_seq_len ? "prompt" : "max_tokens", "prompt%s (%d tokens) + max_tokens (%ld) = %ld exceeds the context length %d",
                       which, n_prompt, max_tokens, (long)n_prompt + max_tokens, ctx->max_seq_len);
     return 0;
 }
@@ -955,6 +922,30 @@ out:
     return rc;
 }
 
+/* --max-response-bytes: what the answer could take, worked out before any of
+ * it is computed (response_bound.c). */
+static int check_response_bound(const api_ctx *ctx, const api_job *j, api_error *e)
+{
+    if (!ctx->max_response_bytes) return 0;
+    size_t bound = api_response_bound(j);
+    if (bound <= ctx->max_response_bytes) return 0;
+    const sched_client *c = j->client;
+    long prompt = 0;
+    for (int i = 0; i < c->n_tasks; i++) prompt += c->tasks[i].n_prompt;
+    if (j->kind == API_SCORE)
+        return fail_p(e, 400, j->single ? "tokens" : "texts",
+                      "the response could take up to %zu bytes (%d texts, %ld tokens with their log-probs): above the "
+                      "limit of %zu bytes (--max-response-bytes); send fewer texts", bound, c->n_tasks, prompt,
+                      ctx->max_response_bytes);
+    return fail_p(e, 400, "max_tokens",
+                  "the response could take up to %zu bytes (%d choices x (max_tokens %d%s%s)%s): above the limit of "
+                  "%zu bytes (--max-response-bytes); lower max_tokens, n, the number of prompts%s",
+                  bound, c->n_tasks, c->tasks[0].max_tokens, j->echo ? " + the echoed prompt" : "",
+                  j->logprobs && j->n_top ? ", with log-probs and top alternatives" : j->logprobs ? ", with log-probs" : "",
+                  j->stream ? ", streamed" : "", ctx->max_response_bytes,
+                  j->logprobs ? " or the alternatives per token (logprobs / top_logprobs)" : "");
+}
+
 /* Every body: one JSON object, nothing after it, no NUL in any string. */
 static cJSON *parse_object(const char *body, size_t len, api_error *e)
 {
@@ -984,6 +975,7 @@ int api_parse(const api_ctx *ctx, int kind, const char *body, size_t len, api_jo
            : kind == API_CHAT ? parse_chat(ctx, o, &src, j, e)
            : parse_completions(ctx, o, &src, j, e);
     cJSON_Delete(o);
+    if (!rc) rc = check_response_bound(ctx, j, e);
     if (rc) { api_job_free(j); return -1; }
     j->client->stream = j->stream;
     *out = j;
@@ -1522,6 +1514,21 @@ char *api_tokenize(const api_ctx *ctx, const char *body, size_t len, api_error *
                ctx->max_tokenize_tokens);
         goto out;
     }
+    if (ctx->max_response_bytes) {   /* exact but for the numbers: ids, and the pieces once or twice */
+        size_t bound = 256 + (size_t)n * 12;
+        for (int i = 0; (token_strs || with_pieces) && i < n; i++) {
+            const char *piece = tok_id_to_piece(ctx->tok, ids[i]);
+            bound += (size_t)(token_strs + with_pieces) * (json_text_bytes(piece ? piece : "", piece ? strlen(piece) : 0) + 3);
+        }
+        if (bound > ctx->max_response_bytes) {
+            fail_p(e, 400, token_strs ? "return_token_strs" : with_pieces ? "with_pieces" : "prompt",
+                   "the response would take %zu bytes (%d tokens%s): above the limit of %zu bytes "
+                   "(--max-response-bytes); send a shorter text%s", bound, n,
+                   token_strs || with_pieces ? " with their pieces" : "", ctx->max_response_bytes,
+                   token_strs || with_pieces ? " or leave the pieces out" : "");
+            goto out;
+        }
+    }
     cJSON *r = cJSON_CreateObject();
     /* the ids as one raw string: a cJSON node per id would cost 64 bytes each */
     char *list = ids_json(ids, n);
@@ -1554,6 +1561,12 @@ char *api_detokenize(const api_ctx *ctx, const char *body, size_t len, api_error
     if (!t || !cJSON_IsArray(t)) { fail_p(e, 400, "tokens", "\"tokens\" must be an array of token ids"); goto out; }
     if (get_tokens(ctx, t, "tokens", &ids, &n, e)) goto out;
     if (tok_decode(ctx->tok, ids, n, &text, err, sizeof err) != 0) { fail_p(e, 400, "tokens", "\"tokens\": %s", err); goto out; }
+    size_t bound = 64 + 2 * json_text_bytes(text, strlen(text));   /* the text twice, "prompt" and "text" */
+    if (ctx->max_response_bytes && bound > ctx->max_response_bytes) {
+        fail_p(e, 400, "tokens", "the response would take %zu bytes (%d tokens): above the limit of %zu bytes "
+                                 "(--max-response-bytes); send fewer tokens", bound, n, ctx->max_response_bytes);
+        goto out;
+    }
     cJSON *r = cJSON_CreateObject();
     add_text(r, "prompt", text, strlen(text));
     add_text(r, "text", text, strlen(text));
@@ -1630,18 +1643,28 @@ char *api_model(const api_ctx *ctx, const char *id, api_error *e, size_t *out_le
     return print_json(model_object(ctx), out_len);
 }
 
+void api_ctx_measure_tokens(api_ctx *ctx)
+{
+    ctx->max_piece_bytes = 1;
+    ctx->max_token_bytes = ctx->max_token_json = 1;
+    for (int id = 0; id < ctx->vocab_size; id++) {
+        const char *piece = tok_id_to_piece(ctx->tok, id);
+        int len = piece ? (int)strlen(piece) : 0;
+        if (!tok_is_bytes(ctx->tok) && len > ctx->max_piece_bytes) ctx->max_piece_bytes = len;
+        char buf[256];
+        size_t n = token_text(ctx, id, buf, sizeof buf);
+        int json = (int)json_text_bytes(buf, n);
+        if ((int)n > ctx->max_token_bytes) ctx->max_token_bytes = (int)n;
+        if (json > ctx->max_token_json) ctx->max_token_json = json;
+    }
+}
+
 int api_ctx_init(api_ctx *ctx, const char *model_dir, const char *chat_template_flag, char *err, size_t errlen)
 {
     memset(&ctx->specials, 0, sizeof ctx->specials);
     ctx->created = (long)srv_wall();
     if (chat_template_load(chat_template_flag, model_dir, &ctx->chat, &ctx->specials, err, errlen)) return -1;
-    ctx->max_piece_bytes = 1;
-    if (!tok_is_bytes(ctx->tok))
-        for (int id = 0; id < ctx->vocab_size; id++) {
-            const char *piece = tok_id_to_piece(ctx->tok, id);
-            int len = piece ? (int)strlen(piece) : 0;
-            if (len > ctx->max_piece_bytes) ctx->max_piece_bytes = len;
-        }
+    api_ctx_measure_tokens(ctx);
     /* without tokenizer_config.json, SentencePiece's own control pieces */
     if (!tok_is_bytes(ctx->tok)) {
         const char *b = ctx->bos_id >= 0 ? tok_id_to_piece(ctx->tok, ctx->bos_id) : NULL;

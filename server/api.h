@@ -26,6 +26,9 @@ typedef struct {
     int max_tokenize_tokens;   /* longest /tokenize result (0: no cap) */
     int max_piece_bytes;    /* most text bytes one token stands for (api_ctx_init): a text longer
                              * than N times this needs more than N tokens, known before encoding */
+    int max_token_bytes;    /* most bytes of one token's text as responses show it (api_ctx_init) */
+    int max_token_json;     /* ... once escaped in a JSON string */
+    size_t max_response_bytes;   /* a request whose response could be larger gets 400 (0: no cap) */
     const kda_model_info *info;   /* family, device, sizes: for /props */
     chat_template *chat;    /* NULL: chat requests get a 400 saying why */
     chat_specials specials; /* bos/eos token strings; in text they stand for the ids (as HF tokenizers parse them) */
@@ -37,6 +40,8 @@ typedef struct {
  * that cannot be loaded: a setup error). */
 int api_ctx_init(api_ctx *ctx, const char *model_dir, const char *chat_template_flag, char *err, size_t errlen);
 void api_ctx_free(api_ctx *ctx);
+/* The max_*_bytes sizes of the tokenizer's ids (part of api_ctx_init). */
+void api_ctx_measure_tokens(api_ctx *ctx);
 
 typedef struct {
     int status;             /* HTTP status */
@@ -76,6 +81,10 @@ struct api_job {
  * to submit. Returns 0, or -1 with e filled. */
 int api_parse(const api_ctx *ctx, int kind, const char *body, size_t len, api_job **out, api_error *e);
 void api_job_free(api_job *j);
+
+/* The most bytes the job's response (its SSE events, streaming) can take
+ * (response_bound.c), known before it runs. */
+size_t api_response_bound(const api_job *j);
 
 /* The whole response of a finished job; *status is its HTTP status (a task
  * that failed or was aborted turns the response into an error). */

@@ -42,6 +42,7 @@ typedef struct {
     long max_body;
     /* hostile-client limits (README, "Limits"); -1: the default worked out at startup */
     long max_connections, max_per_client, body_budget, body_budget_per_client, max_json, max_tokenize_tokens;
+    long max_response;
     double request_timeout_s;
     kda_tuning tuning;   /* $KDA_TUNING, then --tuning on top, then --kda-state-dtype */
     const char *state_dtype;
@@ -91,6 +92,11 @@ static void usage(FILE *f)
         "  --max-json-bytes N     memory parsing one request body may take (a JSON array costs ~64\n"
         "                         bytes per element); above it 413 (default 33554432 = 32 MiB)\n"
         "  --max-tokenize-tokens N  /tokenize results longer than this get 400 (default 262144)\n"
+        "  --max-response-bytes N a request whose response could take more than N bytes gets 400 before\n"
+        "                         it runs: the bound counts every choice x (max_tokens + the echoed prompt)\n"
+        "                         x the most bytes one token and its log-probs / alternatives can take,\n"
+        "                         streamed or not; /score, /tokenize and /detokenize are bounded the same\n"
+        "                         way (default 67108864 = 64 MiB, 0 = no cap)\n"
         "  --max-connections N    open connections at once (default 4096, lowered to fit the\n"
         "                         descriptor limit)\n"
         "  --max-connections-per-client N  open connections from one client address; more are\n"
@@ -155,7 +161,7 @@ static int parse_flags(int argc, char **argv, flags *f)
                  .prefix_cache = 1, .prefix_cache_bytes = 2147483648L,
                  .heartbeat_s = 15, .max_body = 8 << 20,
                  .max_connections = -1, .max_per_client = -1, .body_budget = 192L << 20, .body_budget_per_client = -1,
-                 .max_json = 32L << 20,
+                 .max_json = 32L << 20, .max_response = 64L << 20,
                  .max_tokenize_tokens = 262144, .request_timeout_s = 60};
     kda_tuning_defaults(&f->tuning);
     {
@@ -237,6 +243,7 @@ static int parse_flags(int argc, char **argv, flags *f)
             rc = parse_long(a, v, 0, 1L << 40, &x);
             f->body_budget_per_client = x;
         }
+        else if (!strcmp(a, "--max-response-bytes")) { rc = parse_long(a, v, 0, 1L << 40, &x); f->max_response = x; }
         else if (!strcmp(a, "--max-json-bytes")) { rc = parse_long(a, v, 0, 1L << 40, &x); f->max_json = x; }
         else if (!strcmp(a, "--max-tokenize-tokens")) { rc = parse_long(a, v, 1, INT_MAX, &x); f->max_tokenize_tokens = x; }
         else if (!strcmp(a, "--max-connections")) { rc = parse_long(a, v, 1, 1 << 20, &x); f->max_connections = x; }
@@ -461,12 +468,16 @@ int main(int argc, char **argv)
     int eos = info->eos_id >= 0 && info->eos_id < info->vocab_size ? info->eos_id : tok_eos_id(tok);
     ctx = (api_ctx){.tok = tok, .vocab_size = info->vocab_size, .bos_id = bos, .eos_id = eos,
                     .max_seq_len = info->max_seq_len, .model_name = name, .max_tasks = f.max_queue,
-                    .max_tokenize_tokens = (int)f.max_tokenize_tokens,
+                    .max_tokenize_tokens = (int)f.max_tokenize_tokens, .max_response_bytes = (size_t)f.max_response,
                     .info = info};
     if (api_ctx_init(&ctx, model, f.chat_template, err, sizeof err)) {
         srv_log(SRV_LOG_ERROR, "%s", err);
         goto out;
     }
+    if (ctx.max_response_bytes)
+        srv_log(SRV_LOG_INFO, "responses: up to %.0f MiB each, bounded before a request runs (--max-response-bytes); "
+                "one token's text takes at most %d bytes escaped", (double)ctx.max_response_bytes / 1048576.0,
+                ctx.max_token_json);
     srv_log(SRV_LOG_INFO, "chat template: %s", ctx.chat ? chat_template_name(ctx.chat)
                                                        : "none (chat requests get 400; see --chat-template)");
     metrics_set_model(name, (double)info->kv_pool_bytes + (double)info->state_pool_bytes);
@@ -492,10 +503,11 @@ int main(int argc, char **argv)
     srv_log(SRV_LOG_INFO,
             "ready: model \"%s\", max batch %d, queue %d, step budget %d tokens (%d with nothing decoding, "
             "chunks of %d), API key %s, %d HTTP threads, up to %d connections (%d per client), request timeout "
-            "%.0fs, request bodies in flight up to %.0f MiB (%.0f MiB per client),
+            "%.0fs, request bodies in flight up to %.0f MiB (%.0f MiB per client), responses up to %.0f MiB",
             name, max_batch, f.max_queue, f.step_tokens, f.step_tokens_idle, f.prefill_chunk, key ? "required" : "off",
             f.http_threads, ho.max_connections, ho.max_per_client, ho.request_timeout_s,
-            (double)ho.body_budget / 1048576.0, (double)ho.body_budget_per_client / 1048576.0);
+            (double)ho.body_budget / 1048576.0, (double)ho.body_budget_per_client / 1048576.0,
+            (double)f.max_response / 1048576.0);
 
     int sig;
     while (!(sig = wait_signal(&sigs, 3600))) {}

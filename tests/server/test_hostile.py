@@ -595,6 +595,95 @@ if FULL:   # what the /tokenize path itself costs when the caps are lifted (the 
         s.check_clean_exit()
 
 
+# ---- the response-size bound (--max-response-bytes) and the per-request work caps ----
+# Each request runs twice: on a server whose cap is 1 byte, which refuses it and says the bound it worked out, and on
+# one with the default cap, which serves it; what is sent must never exceed the bound. The byte tokenizer at a high
+# temperature emits control bytes (escaped as \u00XX, 6 bytes each) and stray UTF-8 bytes (U+FFFD, 3), close to
+# the worst case per token; the prompts carry quotes, backslashes and control bytes for the echo.
+import re  # noqa: E402
+
+odd = "a\"b\\c\x01\x1f\u00e9\U0001F600 \t\n"
+msgs = [{"role": "user", "content": odd * 3}]
+hot = {"temperature": 50, "ignore_eos": True, "seed": 7}
+bound_cases = [
+    ("/generate", dict(hot, prompt=odd, max_tokens=120, logprobs=20)),
+    ("/generate", dict(hot, prompt=odd, max_tokens=120, logprobs=3, stream=True)),
+    ("/generate", dict(hot, tokens=[1, 2, 3], max_tokens=200)),
+    ("/v1/completions", dict(hot, prompt=odd * 4, max_tokens=60, n=3, echo=True, logprobs=20)),
+    ("/v1/completions", dict(hot, prompt=[odd, [0, 10, 13, 34, 92, 200, 255]], max_tokens=40, n=2, echo=True,
+                             logprobs=5, stream=True, stream_options={"include_usage": True,
+                                                                      "continuous_usage_stats": True})),
+    ("/v1/completions", dict(hot, prompt=odd, max_tokens=100, stream=True)),
+    ("/v1/completions", dict(prompt=odd * 8, max_tokens=0, echo=True, logprobs=1)),   # lm-eval's loglikelihood
+    ("/v1/chat/completions", dict(hot, messages=msgs, max_tokens=80, n=2, logprobs=True, top_logprobs=20)),
+    ("/v1/chat/completions", dict(hot, messages=msgs, max_tokens=80, logprobs=True, top_logprobs=4, stream=True)),
+    ("/v1/chat/completions", dict(hot, messages=msgs, max_tokens=100, stream=True)),
+    ("/score", dict(texts=[odd * 5, "plain text", odd])),
+    ("/tokenize", dict(prompt=odd * 20, with_pieces=True, return_token_strs=True)),
+    ("/detokenize", dict(tokens=list(range(1, 256)) * 4)),
+]
+bound_re = re.compile(r"(?:could take up to|would take) (\d+) bytes")
+estimates = []
+with Server(MODEL, "--max-response-bytes", "1", "--chat-template", "chatml") as s:
+    for path, body in bound_cases:
+        r = requests.post(s.url + path, json=body, timeout=30)
+        m = bound_re.search(r.text)
+        ok = r.status_code == 400 and "--max-response-bytes" in r.text and m is not None
+        check(ok, f"{path} {sorted(body)[:4]}...: refused over --max-response-bytes 1, naming the limit and the bound",
+              r.text[:300])
+        estimates.append(int(m.group(1)) if m else 0)
+    check(requests.get(s.url + "/health", timeout=10).status_code == 200, "the cap does not touch /health")
+    s.check_clean_exit()
+sizes = []
+with Server(MODEL, "--chat-template", "chatml", "--heartbeat-seconds", "0") as s:
+    for (path, body), est in zip(bound_cases, estimates):
+        with requests.post(s.url + path, json=body, timeout=60, stream=True) as r:
+            data = b"".join(r.iter_content(65536))
+        sizes.append(len(data))
+        check(r.status_code == 200 and 0 < len(data) <= est,
+              f"{path} {sorted(body)[:4]}...: served under the default cap; {len(data)} bytes sent <= the bound {est}",
+              data[:200])
+    figures["response_bound"] = [{"path": p, "fields": sorted(b), "bound_bytes": e, "sent_bytes": n,
+                                  "sent_over_bound": round(n / e, 3) if e else None}
+                                 for (p, b), e, n in zip(bound_cases, estimates, sizes)]
+    print("response bound vs sent:", [(p, e, n) for (p, _), e, n in zip(bound_cases, estimates, sizes)])
+    # over the default cap (64 MiB): 128 prompts x n 2 x 2000 tokens with 20 alternatives each
+    big = {"prompt": ["a"] * 128, "n": 2, "max_tokens": 2000, "logprobs": 20}
+    r = requests.post(s.url + "/v1/completions", json=big, timeout=30)
+    m = bound_re.search(r.text)
+    check(r.status_code == 400 and "--max-response-bytes" in r.text and m and int(m.group(1)) > 64 * MiB and
+          r.json()["error"]["param"] == "max_tokens",
+          "a completions request whose answer could pass 64 MiB is refused up front (400, param max_tokens)", r.text[:300])
+    r = requests.post(s.url + "/v1/completions", json=dict(big, max_tokens=4), timeout=60)
+    check(r.status_code == 200 and len(r.json()["choices"]) == 256, "the same with max_tokens 4 is served")
+    # every per-request work knob has a cap, and going over it is a 400 naming the field
+    long_prompt = [1] * 2049   # the tiny model's context is 2048
+    caps = [
+        ("/v1/completions", {"prompt": "x", "n": 17}, "n"),
+        ("/v1/chat/completions", {"messages": msgs, "n": 17}, "n"),
+        ("/v1/completions", {"prompt": "x", "n": 2, "best_of": 3}, "best_of"),
+        ("/v1/completions", {"prompt": "x", "max_tokens": 2049}, "max_tokens"),
+        ("/v1/completions", {"prompt": [1] * 2000, "max_tokens": 100}, "max_tokens"),
+        ("/generate", {"tokens": long_prompt, "max_tokens": 0}, "prompt"),
+        ("/score", {"tokens": long_prompt}, "prompt"),
+        ("/v1/completions", {"prompt": "x", "stop": ["s%d" % i for i in range(17)]}, "stop"),
+        ("/v1/completions", {"prompt": "x", "stop": "s" * 257}, "stop"),
+        ("/v1/completions", b'{"prompt":"x","logit_bias":{' + b",".join([b'"1":1'] * 1024) + b"}}", "logit_bias"),
+        ("/v1/completions", {"prompt": "x", "logprobs": 21}, "logprobs"),
+        ("/v1/chat/completions", {"messages": msgs, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ("/generate", {"prompt": "x", "logprobs": 21}, "logprobs"),
+        ("/v1/completions", {"prompt": ["x"] * 129, "n": 2}, "n"),
+        ("/v1/completions", {"prompt": "x", "min_tokens": 5, "max_tokens": 4}, "min_tokens"),
+        ("/score", {"texts": ["ab"] * 257}, "texts"),
+    ]
+    for path, body, param in caps:
+        r = (requests.post(s.url + path, data=body, headers={"Content-Type": "application/json"}, timeout=30)
+             if isinstance(body, bytes) else requests.post(s.url + path, json=body, timeout=30))
+        got = r.json().get("error", {}).get("param") if r.status_code == 400 else None
+        check(r.status_code == 400 and got == param, f"{path} over its cap on {param} -> 400 naming it", r.text[:200])
+    s.check_clean_exit()
+
+
 # ---- shutdown under streaming load (issue 19 item 11) ----
 rounds = 6 if not FULL else 20
 clean = 0
