@@ -1514,9 +1514,12 @@ char *api_tokenize(const api_ctx *ctx, const char *body, size_t len, api_error *
                ctx->max_tokenize_tokens);
         goto out;
     }
-    if (ctx->max_response_bytes) {   /* exact but for the numbers: ids, and the pieces once or twice */
-        size_t bound = 256 + (size_t)n * 12;
-        for (int i = 0; (token_strs || with_pieces) && i < n; i++) {
+    if (ctx->max_response_bytes) {   /* exact but for the envelope: the ids' digits, the pieces once or twice */
+        size_t bound = 256;
+        for (int i = 0; i < n; i++) {
+            bound += 2 + (ids[i] >= 10) + (ids[i] >= 100) + (ids[i] >= 1000) + (ids[i] >= 10000) + (ids[i] >= 100000) +
+                     (ids[i] >= 1000000) + (ids[i] >= 10000000) + (ids[i] >= 100000000) + (ids[i] >= 1000000000);
+            if (!token_strs && !with_pieces) continue;
             const char *piece = tok_id_to_piece(ctx->tok, ids[i]);
             bound += (size_t)(token_strs + with_pieces) * (json_text_bytes(piece ? piece : "", piece ? strlen(piece) : 0) + 3);
         }

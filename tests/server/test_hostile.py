@@ -502,6 +502,24 @@ with Server(MODEL, "--max-body-bytes", str(share_body), "--max-body-bytes-in-fli
     check(r["stalled_held"] == 3 and r["body_bytes_in_flight_after"] == 0,
           "A's whole share is free again after the timeouts", f"{r}")
     s.check_clean_exit()
+if FULL:   # the issue's upload size against the default limits, all from one client
+    with Server(MODEL) as s:
+        r = stalled_uploads(s, 200, sources=(client_a,), hold_s=0.5)
+        lat = []
+        for _ in range(100):
+            ms, st = health_ms(s.port)
+            lat.append(ms if st == 200 else float("inf"))
+        t0 = time.perf_counter()
+        st_b, _ = post_from(client_b, s.port, "/score", padded_score(8 * MiB - 64))
+        r.update(other_client_8mib_status=st_b, other_client_8mib_ms=round((time.perf_counter() - t0) * 1e3, 1),
+                 health_p99_ms=round(p99(lat), 2),
+                 server_flags="defaults (--max-body-bytes-in-flight 192 MiB, 48 MiB per client)")
+        print("200 stalled 8 MiB uploads from one client:", r)
+        figures["stalled_uploads_one_client"] = r
+        check(r["stalled_held"] == 5 and st_b == 200 and p99(lat) < 100,
+              "200 stalled 8 MiB uploads from one client: its share holds 5, another client's 8 MiB upload is served, "
+              "/health p99 < 100 ms", f"{r}")
+        s.check_clean_exit()
 r = subprocess.run([SERVER, "--model", MODEL, "--max-body-bytes", str(MiB), "--max-body-bytes-in-flight-per-client",
                     str(MiB - 1)], capture_output=True, text=True, timeout=60)
 check(r.returncode == 2 and "--max-body-bytes-in-flight-per-client" in r.stderr,
