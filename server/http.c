@@ -172,7 +172,8 @@ struct http_server {
     client_slot *clients;   /* [n_slots], n_slots a power of two */
     size_t n_slots;
     _Atomic long n_open;    /* connections, all loops */
-    _Atomic size_t body_bytes;   /* reserved by request bodies being received */
+    _Atomic size_t body_bytes;   /* reserved by request bodies being received (changed under clients_mu, read
+                                  * without it for the gauge and messages) */
 };
 
 struct http_conn {
@@ -638,8 +639,8 @@ static size_t budget_limit(const http_server *h, size_t budget, size_t n)
 }
 
 /* Reserves n more bytes for hc's body from the global budget and its client's
- * share; both or neither. The share is checked and taken under clients_mu, so
- * a client's loops cannot overshoot it together. */
+ * share; both or neither. Both are checked and taken under clients_mu, so
+ * loops reserving at once cannot overshoot either together. */
 static int budget_take(http_server *h, http_conn *hc, size_t n)
 {
     size_t share = h->o.body_budget_per_client;
@@ -649,13 +650,11 @@ static int budget_take(http_server *h, http_conn *hc, size_t n)
         pthread_mutex_unlock(&h->clients_mu);
         return BUDGET_CLIENT;
     }
-    size_t cur = atomic_load(&h->body_bytes);
-    do {
-        if (h->o.body_budget && cur + n > budget_limit(h, h->o.body_budget, n)) {
-            pthread_mutex_unlock(&h->clients_mu);
-            return BUDGET_GLOBAL;
-        }
-    } while (!atomic_compare_exchange_weak(&h->body_bytes, &cur, cur + n));
+    if (h->o.body_budget && atomic_load(&h->body_bytes) + n > budget_limit(h, h->o.body_budget, n)) {
+        pthread_mutex_unlock(&h->clients_mu);
+        return BUDGET_GLOBAL;
+    }
+    atomic_fetch_add(&h->body_bytes, n);
     h->clients[i].key = hc->key;
     h->clients[i].body_bytes += n;
     hc->reserved += n;
