@@ -193,6 +193,8 @@ static void render(api_job *j, unsigned opt)
         FZ_CHECK(t->n_top >= 0 && t->n_top <= 20, "task %d: n_top %d", i, t->n_top);
     }
     size_t bound = api_response_bound(j);   /* --max-response-bytes refuses above it: never exceeded */
+    FZ_CHECK(!j->ctx->max_response_bytes || bound <= j->ctx->max_response_bytes, "accepted a bound of %zu over the cap %zu",
+             bound, j->ctx->max_response_bytes);
     if (!j->stream) {
         for (int i = 0; i < c->n_tasks; i++) simulate(j->ctx, &c->tasks[i], opt, i);
         int status = 0;
@@ -225,6 +227,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     api_ctx ctx = base[(route / 6) % 2];
     unsigned tk = (route / 12) % 4;
     ctx.chat = tk < 3 ? templates[tk] : NULL;
+    /* half the inputs under a small --max-response-bytes: refusals, and chat's cut to what fits */
+    ctx.max_response_bytes = opt & 0x80 ? 3000 + 500 * (size_t)(opt & 0x1f) : 0;
     char *body = fz_strndup(r.p, r.n);   /* the HTTP layer hands over a terminated copy */
     api_error e;
     memset(&e, 0, sizeof e);

@@ -899,7 +899,10 @@ static int parse_chat(const api_ctx *ctx, const cJSON *o, const body_src *src, a
         goto out;
     }
     if (mct >= 0) g.max_tokens = mct;
-    else if (!field(o, "max_tokens")) g.max_tokens = ctx->max_seq_len - in->n > 0 ? ctx->max_seq_len - in->n : 0;
+    else if (!field(o, "max_tokens")) {
+        g.max_tokens = ctx->max_seq_len - in->n > 0 ? ctx->max_seq_len - in->n : 0;
+        j->implicit_max_tokens = 1;
+    }
     if (check_min_tokens(&g, e) || check_context(ctx, in->n, g.max_tokens, 0, 0, e)) goto out;
     if (n > ctx->max_tasks) { fail_p(e, 400, "n", "n = %ld sequences; at most %d per request", n, ctx->max_tasks); goto out; }
     j->n_inputs = 1;
@@ -924,12 +927,27 @@ out:
 
 /* --max-response-bytes: what the answer could take, worked out before any of
  * it is computed (response_bound.c). */
-static int check_response_bound(const api_ctx *ctx, const api_job *j, api_error *e)
+static int check_response_bound(const api_ctx *ctx, api_job *j, api_error *e)
 {
     if (!ctx->max_response_bytes) return 0;
     size_t bound = api_response_bound(j);
     if (bound <= ctx->max_response_bytes) return 0;
-    const sched_client *c = j->client;
+    sched_client *c = j->client;
+    if (j->implicit_max_tokens) {
+        /* A chat request without max_tokens asked for nothing in particular: it
+         * gets the most tokens that fit (the bound grows by the same amount per
+         * token of max_tokens), ending with "length" there. */
+        int asked = c->tasks[0].max_tokens;
+        for (int i = 0; i < c->n_tasks; i++) c->tasks[i].max_tokens = 0;
+        size_t b0 = api_response_bound(j);
+        for (int i = 0; i < c->n_tasks; i++) c->tasks[i].max_tokens = 1;
+        size_t per_token = api_response_bound(j) - b0;
+        long fit = b0 < ctx->max_response_bytes ? (long)((ctx->max_response_bytes - b0) / per_token) : 0;
+        if (fit > asked) fit = asked;
+        for (int i = 0; i < c->n_tasks; i++) c->tasks[i].max_tokens = (int)fit;
+        if (fit >= 1 && fit >= c->tasks[0].min_tokens) return 0;
+        for (int i = 0; i < c->n_tasks; i++) c->tasks[i].max_tokens = asked;
+    }
     long prompt = 0;
     for (int i = 0; i < c->n_tasks; i++) prompt += c->tasks[i].n_prompt;
     if (j->kind == API_SCORE)

@@ -64,6 +64,7 @@ struct api_job {
     int single;             /* score: "text"/"tokens" rather than "texts" */
     int logprobs;           /* report log-probs of generated ids */
     int n_top;              /* alternatives per id */
+    int implicit_max_tokens;   /* chat without max_tokens: the context's rest, cut to --max-response-bytes */
     char **echo_text;       /* [n_inputs] prompt text for echo */
     char id[48];
     long created;

@@ -702,6 +702,30 @@ with Server(MODEL, "--chat-template", "chatml", "--heartbeat-seconds", "0") as s
     s.check_clean_exit()
 
 
+# A chat request without max_tokens may fill the context (vLLM's default); where the whole context would not fit
+# the cap, it gets what fits and ends with "length" rather than a 400. One that asks for the tokens is refused.
+cap = 100000
+with Server(MODEL, "--max-response-bytes", str(cap), "--chat-template", "chatml", "--heartbeat-seconds", "0") as s:
+    chat = dict(hot, messages=msgs, stream=True, stream_options={"include_usage": True})
+    with requests.post(s.url + "/v1/chat/completions", json=chat, timeout=120, stream=True) as r:
+        data = b"".join(r.iter_content(65536))
+    events = [json.loads(l[6:]) for l in data.decode().split("\n") if l.startswith("data: {")]
+    fins = [c["finish_reason"] for e in events for c in e.get("choices", []) if c.get("finish_reason")]
+    u = events[-1].get("usage") or {} if events else {}
+    figures["chat_without_max_tokens_streamed"] = {"cap": cap, "sent_bytes": len(data), "usage": u}
+    check(r.status_code == 200 and fins == ["length"] and 100 < u.get("completion_tokens", 0) < 2048 - u["prompt_tokens"]
+          and len(data) <= cap, "a streamed chat without max_tokens gets the tokens that fit --max-response-bytes, "
+          "ending with length", f"{r.status_code} {fins} {u} {len(data)} bytes")
+    r = requests.post(s.url + "/v1/chat/completions", json=dict(hot, messages=msgs), timeout=120)
+    u = r.json().get("usage", {})
+    check(r.status_code == 200 and u.get("completion_tokens") == 2048 - u.get("prompt_tokens", 0),
+          "not streamed, the whole context fits: it is not cut", f"{r.status_code} {u}")
+    r = requests.post(s.url + "/v1/chat/completions", json=dict(chat, max_tokens=1800), timeout=30)
+    check(r.status_code == 400 and "--max-response-bytes" in r.text, "the same with max_tokens 1800 is refused",
+          r.text[:200])
+    s.check_clean_exit()
+
+
 # ---- shutdown under streaming load (issue 19 item 11) ----
 rounds = 6 if not FULL else 20
 clean = 0
