@@ -1865,7 +1865,6 @@ static api_token_strings *token_strings_build(const api_ctx *ctx)
         memcpy(t->head, json.p + t->json, t->json_len < API_TOKEN_HEAD ? t->json_len : API_TOKEN_HEAD);
         if (t->json_len > ts->max_json) ts->max_json = t->json_len;
     }
-    if (json_reserve(&json, 32)) goto fail;   /* put_token copies 32 bytes at a time */
     ts->json = json.p;
     return ts;
 fail:

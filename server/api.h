@@ -30,7 +30,7 @@ typedef struct {
 
 typedef struct {
     int n;                  /* ids covered: the model's vocabulary */
-    size_t max_json;        /* the longest JSON string; the pool has 32 readable bytes past each start */
+    size_t max_json;        /* the longest JSON string (room to reserve per token) */
     char *json;             /* each id's text as a JSON string (quotes included), back to back */
     api_token_entry *ids;   /* [n] */
 } api_token_strings;
