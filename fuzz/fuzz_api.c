@@ -55,10 +55,11 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
         c->max_seq_len = 96;   /* small, so context limits are reachable */
         c->model_name = "demo";
         c->max_tasks = 8;
-        api_ctx_measure_tokens(c);   /* the response bound's token sizes */
-        if (!tok_is_bytes(t)) {
-            snprintf(c->specials.bos, sizeof c->specials.bos, "%s", tok_id_to_piece(t, c->bos_id));
-            snprintf(c->specials.eos, sizeof c->specials.eos, "%s", tok_id_to_piece(t, c->eos_id));
+        /* as the server fills it: the special-token strings, the token strings the
+         * renderers look up (no template in /nonexistent; each input picks one) */
+        if (api_ctx_init(c, "/nonexistent", NULL, err, sizeof err)) {
+            fprintf(stderr, "fuzz_api: %s\n", err);
+            abort();
         }
     }
     return 0;

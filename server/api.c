@@ -23,6 +23,7 @@
 #include "fields.h"
 #include "json_body.h"
 #include "json_text.h"
+#include "json_out.h"
 #include "log.h"
 
 #define API_MAX_STOPS 16
@@ -33,25 +34,11 @@
 
 int api_buf_put(api_buf *b, const char *s, size_t n)
 {
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 1024;
-        while (cap < b->len + n + 1) cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) return -1;
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = '\0';
-    return 0;
+    json_raw(b, s, n);
+    return b->failed ? -1 : 0;
 }
 
-void api_buf_free(api_buf *b)
-{
-    free(b->p);
-    memset(b, 0, sizeof *b);
-}
+void api_buf_free(api_buf *b) { json_buf_free(b); }
 
 static int fail(api_error *e, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static int fail(api_error *e, int status, const char *fmt, ...)
@@ -88,12 +75,6 @@ static char *ids_json(const int32_t *ids, int n)
     *p++ = ']';
     *p = '\0';
     return s;
-}
-
-/* cJSON_CreateIntArray gives NULL (and the member is dropped) for no ids. */
-static cJSON *int_array(const int32_t *ids, int n)
-{
-    return n > 0 ? cJSON_CreateIntArray((const int *)ids, n) : cJSON_CreateArray();
 }
 
 static void add_text(cJSON *obj, const char *name, const char *s, size_t n)
@@ -461,8 +442,21 @@ void api_job_free(api_job *j)
 typedef struct {
     int32_t *ids;
     int n;
-    char *text;
+    char *text;             /* sent as text: that text; sent as ids: "" until echo_text decodes them */
+    int from_ids;
 } input;
+
+/* The text echo shows for a prompt sent as ids: decoding 8192 ids costs more than the
+ * rest of the request's parse, so only echo pays for it. "" where they do not decode. */
+static int echo_text(const api_ctx *ctx, input *in, api_error *e)
+{
+    char err[256], *text = NULL;
+    if (!in->from_ids) return 0;
+    if (tok_decode(ctx->tok, in->ids, in->n, &text, err, sizeof err) != 0) return 0;
+    free(in->text);
+    in->text = text;
+    return in->text ? 0 : fail(e, 500, "out of memory");
+}
 
 static int job_alloc(api_job *j, int n_tasks)
 {
@@ -540,8 +534,7 @@ static int read_input(const api_ctx *ctx, const cJSON *v, const char *name, int 
         memcpy(in->ids + bos, ids, (size_t)n * sizeof *ids);
         free(ids);
         in->n = n + bos;
-        char err[256];
-        if (tok_decode(ctx->tok, in->ids, in->n, &in->text, err, sizeof err) != 0) in->text = NULL;
+        in->from_ids = 1;
     } else {
         return fail_p(e, 400, field_root(name, root, sizeof root), "\"%s\" must be a string or an array of token ids", name);
     }
@@ -740,6 +733,7 @@ static int parse_completions(const api_ctx *ctx, const cJSON *o, const body_src 
     if (job_alloc(j, n_in * (int)n)) { fail(e, 500, "out of memory"); goto out; }
     int64_t base = request_seed(j, &g);
     for (int i = 0; i < n_in; i++) {
+        if (j->echo && echo_text(ctx, &ins[i], e)) goto out;
         j->echo_text[i] = ins[i].text;
         ins[i].text = NULL;
         for (int c = 0; c < n; c++) {
@@ -1000,7 +994,12 @@ int api_parse(const api_ctx *ctx, int kind, const char *body, size_t len, api_jo
     return 0;
 }
 
-/* ---- rendering ---- */
+/* ---- rendering ----
+ *
+ * Responses are written straight into one growing buffer (json_out.h), byte for byte
+ * what cJSON_PrintUnformatted gave for the same members (tests/server/test_render.c
+ * holds them to the cJSON renderer they replaced): a cJSON node per log-prob cost
+ * more than scoring 8192 tokens on the GPU. Members are in the order clients have seen. */
 
 static const char *finish_name(int kind, int finish)
 {
@@ -1042,172 +1041,359 @@ char *api_error_json(int status, const char *message, size_t *len)
     return api_error_json_param(status, message, NULL, len);
 }
 
-/* Every digit of a 64-bit integer (cJSON prints numbers as doubles). */
-static void add_i64(cJSON *o, const char *name, int64_t v)
+/* A token's text, cached at load (api_ctx_init): its JSON string and the length of
+ * the text it stands for. */
+static const api_token_entry *token_entry(const api_ctx *ctx, int32_t id)
 {
-    char buf[24];
-    snprintf(buf, sizeof buf, "%lld", (long long)v);
-    cJSON_AddRawToObject(o, name, buf);
+    static const api_token_entry empty = {0, 2, 0, "\"\""};
+    const api_token_strings *ts = ctx->strings;
+    return id >= 0 && id < ts->n ? &ts->ids[id] : &empty;
+}
+
+static const char *token_json(const api_ctx *ctx, const api_token_entry *t)
+{
+    return t->json_len <= API_TOKEN_HEAD ? t->head : ctx->strings->json + t->json;
+}
+
+static void put_key(json_buf *b, const char *key)   /* "key": for the fixed member names */
+{
+    json_char(b, '"');
+    json_lit(b, key);
+    json_raw(b, "\":", 2);
+}
+
+/* s (n bytes, NULL for none) as cleaned UTF-8, like add_text */
+static void put_text(json_buf *b, const char *s, size_t n) { json_text(b, s ? s : "", s ? n : 0); }
+
+/* Hot loops write through a pointer into room reserved per element: at most
+ * ELEM_ROOM bytes for a number or punctuation, plus a token string's length. */
+enum { ELEM_ROOM = JSON_NUMBER_MAX + 8 };
+
+static char *put_end(json_buf *b, char *o)   /* the pointer back into the buffer */
+{
+    *o = '\0';
+    b->len = (size_t)(o - b->p);
+    return o;
+}
+
+/* the token's JSON string (room: its length + 32); most from the entry itself */
+static char *put_token(const api_ctx *ctx, char *o, const api_token_entry *t)
+{
+    if (t->json_len <= API_TOKEN_HEAD) memcpy(o, t->head, API_TOKEN_HEAD);
+    else memcpy(o, ctx->strings->json + t->json, t->json_len);
+    return o + t->json_len;
+}
+
+static void put_ids(json_buf *b, const int32_t *ids, int n)
+{
+    if (json_reserve(b, (size_t)n * 12 + 2)) return;
+    char *o = b->p + b->len;
+    *o++ = '[';
+    for (int i = 0; i < n; i++) {
+        if (i) *o++ = ',';
+        o = json_put_int(o, ids[i]);
+    }
+    *o++ = ']';
+    put_end(b, o);
+}
+
+static void put_floats(json_buf *b, const float *v, int n)
+{
+    if (json_reserve(b, (size_t)n * (JSON_NUMBER_MAX + 1) + 2)) return;
+    char *o = b->p + b->len;
+    *o++ = '[';
+    for (int i = 0; i < n; i++) {
+        if (i) *o++ = ',';
+        o = json_put_float(o, v[i]);
+    }
+    *o++ = ']';
+    put_end(b, o);
+}
+
+/* A count, as cJSON prints (double)v. */
+static void put_count(json_buf *b, long long v)
+{
+    if (v > -1000000000000000LL && v < 1000000000000000LL) json_int(b, v);
+    else json_number(b, (double)v);
 }
 
 /* cached: prompt tokens served from the prefix cache rather than computed
  * (OpenAI's usage.prompt_tokens_details.cached_tokens) */
-static cJSON *usage(long prompt, long completion, long cached)
+static void put_usage(json_buf *b, long prompt, long completion, long cached)
 {
-    cJSON *u = cJSON_CreateObject();
-    cJSON_AddNumberToObject(u, "prompt_tokens", (double)prompt);
-    cJSON_AddNumberToObject(u, "completion_tokens", (double)completion);
-    cJSON_AddNumberToObject(u, "total_tokens", (double)(prompt + completion));
-    cJSON_AddNumberToObject(cJSON_AddObjectToObject(u, "prompt_tokens_details"), "cached_tokens", (double)cached);
-    return u;
+    json_lit(b, "{\"prompt_tokens\":");
+    put_count(b, prompt);
+    json_lit(b, ",\"completion_tokens\":");
+    put_count(b, completion);
+    json_lit(b, ",\"total_tokens\":");
+    put_count(b, prompt + completion);
+    json_lit(b, ",\"prompt_tokens_details\":{\"cached_tokens\":");
+    put_count(b, cached);
+    json_lit(b, "}}");
 }
 
-static cJSON *timings(const sched_task *t)
+static void put_timings(json_buf *b, const sched_task *t)
 {
-    cJSON *o = cJSON_CreateObject();
     double first = t->t_first > 0 ? t->t_first : t->t_end;
     double admit = t->t_admit > 0 ? t->t_admit : t->t_end;
-    cJSON_AddNumberToObject(o, "queue_ms", (admit - t->t_submit) * 1e3);
-    cJSON_AddNumberToObject(o, "prompt_ms", (first - admit) * 1e3);
-    cJSON_AddNumberToObject(o, "generation_ms", (t->t_end - first) * 1e3);
-    cJSON_AddNumberToObject(o, "total_ms", (t->t_end - t->t_submit) * 1e3);
-    if (t->t_first > 0) cJSON_AddNumberToObject(o, "ttft_ms", (t->t_first - t->t_submit) * 1e3);
-    if (t->n_gen > 1 && t->t_end > t->t_first)
-        cJSON_AddNumberToObject(o, "tokens_per_second", (t->n_gen - 1) / (t->t_end - t->t_first));
-    return o;
+    json_lit(b, "{\"queue_ms\":");
+    json_number(b, (admit - t->t_submit) * 1e3);
+    json_lit(b, ",\"prompt_ms\":");
+    json_number(b, (first - admit) * 1e3);
+    json_lit(b, ",\"generation_ms\":");
+    json_number(b, (t->t_end - first) * 1e3);
+    json_lit(b, ",\"total_ms\":");
+    json_number(b, (t->t_end - t->t_submit) * 1e3);
+    if (t->t_first > 0) {
+        json_lit(b, ",\"ttft_ms\":");
+        json_number(b, (t->t_first - t->t_submit) * 1e3);
+    }
+    if (t->n_gen > 1 && t->t_end > t->t_first) {
+        json_lit(b, ",\"tokens_per_second\":");
+        json_number(b, (t->n_gen - 1) / (t->t_end - t->t_first));
+    }
+    json_char(b, '}');
+}
+
+/* Every digit of a 64-bit integer (a double would round it). */
+static void put_i64_member(json_buf *b, const char *name, int64_t v)
+{
+    json_char(b, ',');
+    put_key(b, name);
+    json_int(b, v);
 }
 
 /* /generate logprobs: ids, not strings, so nothing is lost to decoding. */
-static cJSON *generate_logprobs(const sched_out *o, int n_top)
+static void put_generate_logprobs(json_buf *b, const sched_out *o, int n_top)
 {
-    cJSON *lp = cJSON_CreateObject();
-    cJSON *tl = cJSON_AddArrayToObject(lp, "token_logprobs");
-    cJSON *top = n_top ? cJSON_AddArrayToObject(lp, "top_logprobs") : NULL;
+    json_lit(b, "{\"token_logprobs\":[");
     for (int i = 0; i < o->n; i++) {
-        cJSON_AddItemToArray(tl, cJSON_CreateNumber(o->lps[i]));
-        if (!top) continue;
-        cJSON *alts = cJSON_CreateArray();
-        for (int k = 0; k < n_top; k++) {
-            cJSON *a = cJSON_CreateObject();
-            cJSON_AddNumberToObject(a, "id", o->top_ids[(size_t)i * n_top + k]);
-            cJSON_AddNumberToObject(a, "logprob", o->top_lps[(size_t)i * n_top + k]);
-            cJSON_AddItemToArray(alts, a);
+        if (i) json_char(b, ',');
+        json_float(b, o->lps[i]);
+    }
+    json_char(b, ']');
+    if (n_top) {
+        json_lit(b, ",\"top_logprobs\":[");
+        for (int i = 0; i < o->n; i++) {
+            json_raw(b, i ? ",[" : "[", i ? 2 : 1);
+            for (int k = 0; k < n_top; k++) {
+                json_lit(b, k ? ",{\"id\":" : "{\"id\":");
+                json_int(b, o->top_ids[(size_t)i * n_top + k]);
+                json_lit(b, ",\"logprob\":");
+                json_float(b, o->top_lps[(size_t)i * n_top + k]);
+                json_char(b, '}');
+            }
+            json_char(b, ']');
         }
-        cJSON_AddItemToArray(top, alts);
+        json_char(b, ']');
     }
-    return lp;
+    json_char(b, '}');
 }
 
-/* OpenAI completions logprobs block, appended to across prompt and output. */
-typedef struct { cJSON *obj, *tokens, *lps, *top, *offs; } oa_logprobs;
+/* OpenAI completions logprobs over a run of positions: the prompt's (echo; position 0
+ * has no log-prob, nothing predicts it) then the output's. */
+typedef struct {
+    const sched_task *prompt;   /* NULL: no prompt positions */
+    const sched_out *out;
+    int n_top;                  /* alternatives of the output positions */
+} oa_positions;
 
-static void oa_init(oa_logprobs *l)
-{
-    l->obj = cJSON_CreateObject();
-    l->tokens = cJSON_AddArrayToObject(l->obj, "tokens");
-    l->lps = cJSON_AddArrayToObject(l->obj, "token_logprobs");
-    l->top = cJSON_AddArrayToObject(l->obj, "top_logprobs");
-    l->offs = cJSON_AddArrayToObject(l->obj, "text_offset");
-}
+typedef struct { int32_t id; int has_lp; float lp; const int32_t *top_ids; const float *top_lps; int n_top; } oa_pos;
 
-/* One position: its id and log-prob (has_lp 0 for the first prompt token,
- * which nothing predicts) and its alternatives, the chosen id included as
- * vLLM does (lm-eval's is_greedy compares against max(top)). */
-static void oa_add(const api_ctx *ctx, oa_logprobs *l, int32_t id, int has_lp, float lp, const int32_t *top_ids,
-                   const float *top_lps, int n_top, size_t *off)
+static int oa_count(const oa_positions *ps) { return (ps->prompt ? ps->prompt->n_prompt : 0) + ps->out->n; }
+
+static oa_pos oa_at(const oa_positions *ps, int i)
 {
-    char buf[256];
-    size_t n = token_text(ctx, id, buf, sizeof buf);
-    char *s = utf8_clean(buf, n);
-    cJSON_AddItemToArray(l->tokens, cJSON_CreateString(s ? s : ""));
-    cJSON_AddItemToArray(l->offs, cJSON_CreateNumber((double)*off));
-    *off += s ? strlen(s) : 0;
-    if (!has_lp) {
-        cJSON_AddItemToArray(l->lps, cJSON_CreateNull());
-        cJSON_AddItemToArray(l->top, cJSON_CreateNull());
-        free(s);
-        return;
+    const sched_task *t = ps->prompt;
+    int np = t ? t->n_prompt : 0;
+    if (i < np) {
+        if (i == 0) return (oa_pos){t->prompt[0], 0, 0, NULL, NULL, 0};
+        /* no pointer before the arrays: position i's alternatives are at i - 1 */
+        return (oa_pos){t->prompt[i], 1, t->prompt_lps[i - 1],
+                        t->prompt_top_ids ? t->prompt_top_ids + (size_t)(i - 1) * t->n_top : NULL,
+                        t->prompt_top_lps ? t->prompt_top_lps + (size_t)(i - 1) * t->n_top : NULL, t->n_top};
     }
-    cJSON_AddItemToArray(l->lps, cJSON_CreateNumber(lp));
-    cJSON *d = cJSON_CreateObject();
-    cJSON_AddNumberToObject(d, s ? s : "", lp);
-    for (int k = 0; k < n_top; k++) {
-        size_t m = token_text(ctx, top_ids[k], buf, sizeof buf);
-        char *a = utf8_clean(buf, m);
-        if (a && !cJSON_HasObjectItem(d, a)) cJSON_AddNumberToObject(d, a, top_lps[k]);
-        free(a);
+    const sched_out *o = ps->out;
+    int k = i - np, n = ps->n_top;
+    return (oa_pos){o->ids[k], 1, o->lps[k], n ? o->top_ids + (size_t)k * n : NULL, n ? o->top_lps + (size_t)k * n : NULL, n};
+}
+
+/* cJSON_HasObjectItem's comparison of the texts (ASCII case folding), which chose
+ * the keys before. Compared on the JSON strings: the escapes are lowercase and begin
+ * with '\\', which folding leaves alone, so two escaped strings fold to the same bytes
+ * exactly when their texts do. */
+static int same_key(const api_ctx *ctx, const api_token_entry *a, const api_token_entry *b)
+{
+    if (a == b) return 1;
+    if (a->json_len != b->json_len) return 0;
+    const unsigned char *x = (const unsigned char *)token_json(ctx, a), *y = (const unsigned char *)token_json(ctx, b);
+    for (size_t i = 0; i < a->json_len; i++) {
+        unsigned char p = x[i], q = y[i];
+        if (p >= 'A' && p <= 'Z') p += 32;
+        if (q >= 'A' && q <= 'Z') q += 32;
+        if (p != q) return 0;
     }
-    cJSON_AddItemToArray(l->top, d);
-    free(s);
+    return 1;
 }
 
-static void oa_add_prompt(const api_ctx *ctx, oa_logprobs *l, const sched_task *t, size_t *off)
+/* One position's alternatives, the chosen id first as vLLM does (lm-eval's is_greedy
+ * compares against max(top)); an alternative whose text is already a key is left out.
+ * Room: (1 + n_top) * (max_json + ELEM_ROOM). */
+static char *oa_put_top(const api_ctx *ctx, char *o, const oa_pos *p)
 {
-    for (int i = 0; i < t->n_prompt; i++) {
-        /* position 0 has no alternatives (nothing predicts it): no pointer before the array */
-        const int32_t *ti = t->prompt_top_ids && i > 0 ? t->prompt_top_ids + (size_t)(i - 1) * t->n_top : NULL;
-        const float *tl = t->prompt_top_lps && i > 0 ? t->prompt_top_lps + (size_t)(i - 1) * t->n_top : NULL;
-        oa_add(ctx, l, t->prompt[i], i > 0, i > 0 ? t->prompt_lps[i - 1] : 0, ti, tl, i > 0 ? t->n_top : 0, off);
+    const api_token_entry *keys[API_MAX_TOP + 1];
+    int n_keys = 0;
+    const api_token_entry *s = token_entry(ctx, p->id);
+    *o++ = '{';
+    o = put_token(ctx, o, s);
+    *o++ = ':';
+    o = json_put_float(o, p->lp);
+    keys[n_keys++] = s;
+    for (int k = 0; k < p->n_top; k++) {
+        const api_token_entry *a = token_entry(ctx, p->top_ids[k]);
+        int dup = 0;
+        for (int q = 0; q < n_keys && !dup; q++) dup = same_key(ctx, keys[q], a);
+        if (dup) continue;
+        keys[n_keys++] = a;
+        *o++ = ',';
+        o = put_token(ctx, o, a);
+        *o++ = ':';
+        o = json_put_float(o, p->top_lps[k]);
     }
-}
-
-static void oa_add_out(const api_ctx *ctx, oa_logprobs *l, const sched_out *o, int n_top, size_t *off)
-{
-    for (int i = 0; i < o->n; i++)
-        oa_add(ctx, l, o->ids[i], 1, o->lps[i], n_top ? o->top_ids + (size_t)i * n_top : NULL,
-               n_top ? o->top_lps + (size_t)i * n_top : NULL, n_top, off);
-}
-
-static cJSON *oa_envelope(const api_job *j)
-{
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "id", j->id);
-    cJSON_AddStringToObject(o, "object", j->kind == API_CHAT ? (j->stream ? "chat.completion.chunk" : "chat.completion")
-                                                             : "text_completion");
-    cJSON_AddNumberToObject(o, "created", (double)j->created);
-    cJSON_AddStringToObject(o, "model", j->ctx->model_name);
-    if (j->kind != API_SCORE) add_i64(o, "seed", j->seed);   /* not OpenAI's: what repeats the run */
+    *o++ = '}';
     return o;
 }
 
-/* Chat logprobs: one {token, logprob, bytes, top_logprobs} per id; token is
- * the id's text (U+FFFD where it is not whole UTF-8), bytes its exact bytes. */
-static cJSON *chat_token(const api_ctx *ctx, int32_t id, float lp, int with_top)
+/* The entries a position a few ahead will read: random ids of a large vocabulary miss
+ * the cache, and these loops do little else. */
+static void oa_prefetch(const api_ctx *ctx, const oa_positions *ps, int i, int n, int with_top)
+{
+    if (i >= n) return;
+    oa_pos p = oa_at(ps, i);
+    __builtin_prefetch(token_entry(ctx, p.id));
+    if (with_top && p.has_lp)
+        for (int k = 0; k < p.n_top; k++) __builtin_prefetch(token_entry(ctx, p.top_ids[k]));
+}
+
+/* {"tokens", "token_logprobs", "top_logprobs", "text_offset"}; *off is the text offset
+ * of the first position, and afterwards of the one after the last. */
+static void put_oa_logprobs(const api_ctx *ctx, json_buf *b, const oa_positions *ps, size_t *off)
+{
+    int n = oa_count(ps), most_top = ps->n_top > (ps->prompt ? ps->prompt->n_top : 0) ? ps->n_top : ps->prompt ? ps->prompt->n_top : 0;
+    size_t tok_room = ctx->strings->max_json + ELEM_ROOM, top_room = (size_t)(1 + most_top) * tok_room + 4;
+    char *o;
+    json_lit(b, "{\"tokens\":[");
+    for (int i = 0; i < n; i++) {
+        oa_prefetch(ctx, ps, i + 8, n, 0);
+        if (json_reserve(b, tok_room)) return;
+        o = b->p + b->len;
+        if (i) *o++ = ',';
+        put_end(b, put_token(ctx, o, token_entry(ctx, oa_at(ps, i).id)));
+    }
+    json_lit(b, "],\"token_logprobs\":[");
+    if (json_reserve(b, (size_t)n * ELEM_ROOM)) return;
+    o = b->p + b->len;
+    for (int i = 0; i < n; i++) {
+        oa_pos p = oa_at(ps, i);
+        if (i) *o++ = ',';
+        if (p.has_lp) o = json_put_float(o, p.lp);
+        else memcpy(o, "null", 4), o += 4;
+    }
+    put_end(b, o);
+    json_lit(b, "],\"top_logprobs\":[");
+    for (int i = 0; i < n; i++) {
+        oa_prefetch(ctx, ps, i + 4, n, 1);
+        if (json_reserve(b, top_room)) return;
+        o = b->p + b->len;
+        oa_pos p = oa_at(ps, i);
+        if (i) *o++ = ',';
+        if (p.has_lp) o = oa_put_top(ctx, o, &p);
+        else memcpy(o, "null", 4), o += 4;
+        put_end(b, o);
+    }
+    json_lit(b, "],\"text_offset\":[");
+    if (json_reserve(b, (size_t)n * ELEM_ROOM)) return;
+    o = b->p + b->len;
+    for (int i = 0; i < n; i++) {
+        if (i) *o++ = ',';
+        o = json_put_int(o, (int64_t)*off);   /* below 10^15: what cJSON printed */
+        *off += token_entry(ctx, oa_at(ps, i).id)->text_len;
+    }
+    put_end(b, o);
+    json_lit(b, "]}");
+}
+
+/* {"id", "object", "created", "model", "seed" (not OpenAI's: what repeats the run), */
+static void put_envelope(json_buf *b, const api_job *j)
+{
+    json_lit(b, "{\"id\":");
+    json_str(b, j->id, strlen(j->id));
+    json_lit(b, ",\"object\":");
+    json_lit(b, j->kind == API_CHAT ? (j->stream ? "\"chat.completion.chunk\"" : "\"chat.completion\"")
+                                    : "\"text_completion\"");
+    json_lit(b, ",\"created\":");
+    put_count(b, j->created);
+    json_lit(b, ",\"model\":");
+    json_str(b, j->ctx->model_name, strlen(j->ctx->model_name));
+    if (j->kind != API_SCORE) put_i64_member(b, "seed", j->seed);
+}
+
+/* Chat logprobs: one {token, logprob, bytes, top_logprobs} per id; token is the id's
+ * text (U+FFFD where it is not whole UTF-8), bytes its exact bytes. */
+static void put_chat_token(const api_ctx *ctx, json_buf *b, int32_t id, float lp)
 {
     char buf[256];
     size_t n = token_text(ctx, id, buf, sizeof buf);
-    cJSON *t = cJSON_CreateObject();
-    add_text(t, "token", buf, n);
-    cJSON_AddNumberToObject(t, "logprob", lp);
-    cJSON *b = cJSON_AddArrayToObject(t, "bytes");
-    for (size_t i = 0; i < n; i++) cJSON_AddItemToArray(b, cJSON_CreateNumber((unsigned char)buf[i]));
-    if (with_top) cJSON_AddArrayToObject(t, "top_logprobs");
-    return t;
-}
-
-static cJSON *chat_logprobs(const api_ctx *ctx, const sched_out *o, int n_top)
-{
-    cJSON *lp = cJSON_CreateObject(), *content = cJSON_AddArrayToObject(lp, "content");
-    for (int i = 0; i < o->n; i++) {
-        cJSON *t = chat_token(ctx, o->ids[i], o->lps[i], 1), *top = cJSON_GetObjectItem(t, "top_logprobs");
-        for (int k = 0; k < n_top; k++)
-            cJSON_AddItemToArray(top, chat_token(ctx, o->top_ids[(size_t)i * n_top + k], o->top_lps[(size_t)i * n_top + k], 0));
-        cJSON_AddItemToArray(content, t);
+    json_lit(b, "{\"token\":");
+    json_text(b, buf, n);
+    json_lit(b, ",\"logprob\":");
+    json_float(b, lp);
+    json_lit(b, ",\"bytes\":[");
+    for (size_t i = 0; i < n; i++) {
+        if (i) json_char(b, ',');
+        json_int(b, (unsigned char)buf[i]);
     }
-    return lp;
+    json_char(b, ']');
 }
 
-/* Text of one choice: the echoed prompt (if any) and the output. */
-static void add_choice_text(cJSON *ch, const char *name, const char *echo, const char *s, size_t n)
+static void put_chat_logprobs(const api_ctx *ctx, json_buf *b, const sched_out *o, int n_top)
+{
+    json_lit(b, "{\"content\":[");
+    for (int i = 0; i < o->n; i++) {
+        if (i) json_char(b, ',');
+        put_chat_token(ctx, b, o->ids[i], o->lps[i]);
+        json_lit(b, ",\"top_logprobs\":[");
+        for (int k = 0; k < n_top; k++) {
+            if (k) json_char(b, ',');
+            put_chat_token(ctx, b, o->top_ids[(size_t)i * n_top + k], o->top_lps[(size_t)i * n_top + k]);
+            json_char(b, '}');
+        }
+        json_lit(b, "]}");
+    }
+    json_lit(b, "]}");
+}
+
+/* Text of one choice: the echoed prompt (if any) and the output, cleaned as one text
+ * (a character may straddle the two). */
+static void put_choice_text(json_buf *b, const char *echo, const char *s, size_t n)
 {
     size_t el = strlen(echo);
+    if (!n) { json_text(b, echo, el); return; }
     char *text = malloc(el + n + 1);
-    if (text) {
-        memcpy(text, echo, el);
-        if (n) memcpy(text + el, s, n);
-    }
-    add_text(ch, name, text, text ? el + n : 0);
+    if (!text) { b->failed = 1; return; }
+    memcpy(text, echo, el);
+    memcpy(text + el, s, n);
+    json_text(b, text, el + n);
     free(text);
+}
+
+static void put_finish(json_buf *b, int kind, int finish)
+{
+    const char *name = finish_name(kind, finish);
+    if (!name) return;   /* cJSON dropped a member whose string was NULL */
+    json_lit(b, ",\"finish_reason\":\"");
+    json_lit(b, name);
+    json_char(b, '"');
 }
 
 /* a prompt counts once, and its cached tokens as its first choice got them */
@@ -1220,21 +1406,73 @@ static void usage_totals(const api_job *j, long *np, long *ng, long *nc)
     }
 }
 
-static cJSON *score_result(const sched_task *t)
+/* "tokens", "token_logprobs", "sum_logprob", "nll", "ppl" (no braces) */
+static void put_score_result(json_buf *b, const sched_task *t)
 {
-    cJSON *r = cJSON_CreateObject();
-    cJSON_AddItemToObject(r, "tokens", int_array(t->prompt, t->n_prompt));
-    cJSON *lps = cJSON_AddArrayToObject(r, "token_logprobs");
-    double sum = 0;
-    for (int i = 0; i + 1 < t->n_prompt; i++) {
-        cJSON_AddItemToArray(lps, cJSON_CreateNumber(t->prompt_lps[i]));
-        sum += t->prompt_lps[i];
-    }
+    json_lit(b, "\"tokens\":");
+    put_ids(b, t->prompt, t->n_prompt);
+    json_lit(b, ",\"token_logprobs\":");
     int n = t->n_prompt - 1;
-    cJSON_AddNumberToObject(r, "sum_logprob", sum);
-    cJSON_AddNumberToObject(r, "nll", -sum / n);        /* mean over predicted tokens */
-    cJSON_AddNumberToObject(r, "ppl", exp(-sum / n));
-    return r;
+    put_floats(b, t->prompt_lps, n > 0 ? n : 0);
+    double sum = 0;
+    for (int i = 0; i < n; i++) sum += t->prompt_lps[i];
+    json_lit(b, ",\"sum_logprob\":");
+    json_number(b, sum);
+    json_lit(b, ",\"nll\":");
+    json_number(b, -sum / n);   /* mean over predicted tokens */
+    json_lit(b, ",\"ppl\":");
+    json_number(b, exp(-sum / n));
+}
+
+static void put_generate(json_buf *b, const api_job *j, const sched_task *t, const sched_out *o, int fin)
+{
+    json_lit(b, "{\"text\":");
+    put_text(b, o->text, o->len);
+    json_lit(b, ",\"tokens\":");
+    put_ids(b, o->ids, o->n);
+    if (!j->stream) put_finish(b, j->kind, fin);
+    if (j->logprobs) {
+        json_lit(b, ",\"logprobs\":");
+        put_generate_logprobs(b, o, t->n_top);
+    }
+    if (j->stream) {
+        if (!fin) { json_char(b, '}'); return; }
+        put_finish(b, j->kind, fin);
+    }
+    json_lit(b, ",\"usage\":");
+    put_usage(b, t->n_prompt, t->n_gen, t->n_cached);
+    json_lit(b, ",\"timings\":");
+    put_timings(b, t);
+    put_i64_member(b, "seed", j->seed);
+    json_char(b, '}');
+}
+
+static void put_choice(json_buf *b, const api_job *j, int i)
+{
+    const api_ctx *ctx = j->ctx;
+    const sched_task *t = &j->client->tasks[i];
+    json_lit(b, "{\"index\":");
+    json_int(b, i);
+    if (j->kind == API_CHAT) {
+        json_lit(b, ",\"message\":{\"role\":\"assistant\",\"content\":");
+        put_text(b, t->out.text, t->out.len);
+        json_lit(b, "},\"logprobs\":");
+        if (j->logprobs) put_chat_logprobs(ctx, b, &t->out, t->n_top);
+        else json_lit(b, "null");
+    } else {
+        json_lit(b, ",\"text\":");
+        put_choice_text(b, j->echo ? j->echo_text[i / j->n] : "", t->out.text, t->out.len);
+        json_lit(b, ",\"logprobs\":");
+        if (j->logprobs) {
+            oa_positions ps = {j->echo ? t : NULL, &t->out, t->n_top};
+            size_t off = 0;
+            put_oa_logprobs(ctx, b, &ps, &off);
+        } else {
+            json_lit(b, "null");
+        }
+    }
+    put_finish(b, j->kind, t->finish);
+    json_char(b, '}');
 }
 
 char *api_render(api_job *j, int *status, size_t *len)
@@ -1254,143 +1492,116 @@ char *api_render(api_job *j, int *status, size_t *len)
         }
     }
     *status = 200;
-    const api_ctx *ctx = j->ctx;
-    cJSON *o;
+    json_buf b = {0};
     if (j->kind == API_GENERATE) {
-        const sched_task *t = &c->tasks[0];
-        o = cJSON_CreateObject();
-        add_text(o, "text", t->out.text, t->out.len);
-        cJSON_AddItemToObject(o, "tokens", int_array(t->out.ids, t->out.n));
-        cJSON_AddStringToObject(o, "finish_reason", finish_name(j->kind, t->finish));
-        if (j->logprobs) cJSON_AddItemToObject(o, "logprobs", generate_logprobs(&t->out, t->n_top));
-        cJSON_AddItemToObject(o, "usage", usage(t->n_prompt, t->n_gen, t->n_cached));
-        cJSON_AddItemToObject(o, "timings", timings(t));
-        add_i64(o, "seed", j->seed);
+        put_generate(&b, j, &c->tasks[0], &c->tasks[0].out, c->tasks[0].finish);
     } else if (j->kind == API_SCORE) {
         long n_tok = 0, n_cached = 0;
         for (int i = 0; i < c->n_tasks; i++) n_tok += c->tasks[i].n_prompt, n_cached += c->tasks[i].n_cached;
         if (j->single) {
-            o = score_result(&c->tasks[0]);
+            json_char(&b, '{');
+            put_score_result(&b, &c->tasks[0]);
         } else {
-            o = cJSON_CreateObject();
-            cJSON *res = cJSON_AddArrayToObject(o, "results");
-            for (int i = 0; i < c->n_tasks; i++) cJSON_AddItemToArray(res, score_result(&c->tasks[i]));
-        }
-        cJSON_AddItemToObject(o, "usage", usage(n_tok, 0, n_cached));
-    } else {
-        o = oa_envelope(j);
-        cJSON *choices = cJSON_AddArrayToObject(o, "choices");
-        for (int i = 0; i < c->n_tasks; i++) {
-            const sched_task *t = &c->tasks[i];
-            cJSON *ch = cJSON_CreateObject();
-            cJSON_AddNumberToObject(ch, "index", i);
-            if (j->kind == API_CHAT) {
-                cJSON *msg = cJSON_AddObjectToObject(ch, "message");
-                cJSON_AddStringToObject(msg, "role", "assistant");
-                add_text(msg, "content", t->out.text, t->out.len);
-                if (j->logprobs) cJSON_AddItemToObject(ch, "logprobs", chat_logprobs(ctx, &t->out, t->n_top));
-                else cJSON_AddNullToObject(ch, "logprobs");
-            } else {
-                add_choice_text(ch, "text", j->echo ? j->echo_text[i / j->n] : "", t->out.text, t->out.len);
-                if (j->logprobs) {
-                    oa_logprobs l;
-                    size_t off = 0;
-                    oa_init(&l);
-                    if (j->echo) oa_add_prompt(ctx, &l, t, &off);
-                    oa_add_out(ctx, &l, &t->out, t->n_top, &off);
-                    cJSON_AddItemToObject(ch, "logprobs", l.obj);
-                } else {
-                    cJSON_AddNullToObject(ch, "logprobs");
-                }
+            json_lit(&b, "{\"results\":[");
+            for (int i = 0; i < c->n_tasks; i++) {
+                json_raw(&b, i ? ",{" : "{", i ? 2 : 1);
+                put_score_result(&b, &c->tasks[i]);
+                json_char(&b, '}');
             }
-            cJSON_AddStringToObject(ch, "finish_reason", finish_name(j->kind, t->finish));
-            cJSON_AddItemToArray(choices, ch);
+            json_char(&b, ']');
+        }
+        json_lit(&b, ",\"usage\":");
+        put_usage(&b, n_tok, 0, n_cached);
+        json_char(&b, '}');
+    } else {
+        put_envelope(&b, j);
+        json_lit(&b, ",\"choices\":[");
+        for (int i = 0; i < c->n_tasks; i++) {
+            if (i) json_char(&b, ',');
+            put_choice(&b, j, i);
         }
         long np, ng, nc;
         usage_totals(j, &np, &ng, &nc);
-        cJSON_AddItemToObject(o, "usage", usage(np, ng, nc));
+        json_lit(&b, "],\"usage\":");
+        put_usage(&b, np, ng, nc);
+        json_char(&b, '}');
     }
-    return print_json(o, len);
+    if (b.failed) { json_buf_free(&b); return NULL; }
+    *len = b.len;
+    return b.p;
 }
 
-static void sse(api_buf *out, cJSON *o)
+/* ---- streams: one "data: {...}\n\n" event per chunk ---- */
+
+/* An OpenAI stream chunk with a single choice: put_chunk_begin writes up to the
+ * choice's index, the caller its other members, put_chunk_end the rest. Non-final
+ * chunks carry "usage": null, or with continuous_usage_stats the choice's usage so far. */
+static void put_chunk_begin(json_buf *b, const api_job *j, int i)
 {
-    size_t n = 0;
-    char *s = print_json(o, &n);
-    if (!s) return;
-    api_buf_put(out, "data: ", 6);
-    api_buf_put(out, s, n);
-    api_buf_put(out, "\n\n", 2);
-    free(s);
+    json_lit(b, "data: ");
+    put_envelope(b, j);
+    json_lit(b, ",\"choices\":[{\"index\":");
+    json_int(b, i);
 }
 
-/* One SSE chunk of an OpenAI stream with a single choice; the caller fills
- * the choice. Non-final chunks carry "usage": null, or with
- * continuous_usage_stats the choice's usage so far. */
-static cJSON *stream_chunk(const api_job *j, int i, cJSON **choice)
+static void put_chunk_end(json_buf *b, const api_job *j, int i)
 {
-    cJSON *ev = oa_envelope(j), *choices = cJSON_AddArrayToObject(ev, "choices");
-    *choice = cJSON_CreateObject();
-    cJSON_AddNumberToObject(*choice, "index", i);
-    cJSON_AddItemToArray(choices, *choice);
     const sched_task *t = &j->client->tasks[i];
-    if (j->continuous_usage) cJSON_AddItemToObject(ev, "usage", usage(t->n_prompt, t->n_gen, t->n_cached));
-    else cJSON_AddNullToObject(ev, "usage");
-    return ev;
+    json_lit(b, "}],\"usage\":");
+    if (j->continuous_usage) put_usage(b, t->n_prompt, t->n_gen, t->n_cached);
+    else json_lit(b, "null");
+    json_lit(b, "}\n\n");
+}
+
+static void put_stream_finish(json_buf *b, int kind, int fin)
+{
+    if (fin) put_finish(b, kind, fin);
+    else json_lit(b, ",\"finish_reason\":null");
 }
 
 static void stream_completion(api_job *j, int i, const sched_out *o, int fin, int echo_now, api_buf *out)
 {
-    const api_ctx *ctx = j->ctx;
     sched_task *t = &j->client->tasks[i];
-    cJSON *ch, *ev = stream_chunk(j, i, &ch);
-    add_choice_text(ch, "text", echo_now ? j->echo_text[i / j->n] : "", o->text, o->len);
+    put_chunk_begin(out, j, i);
+    json_lit(out, ",\"text\":");
+    put_choice_text(out, echo_now ? j->echo_text[i / j->n] : "", o->text, o->len);
+    json_lit(out, ",\"logprobs\":");
     if (j->logprobs) {
-        oa_logprobs l;
-        oa_init(&l);
-        if (echo_now) oa_add_prompt(ctx, &l, t, &j->text_off[i]);
-        oa_add_out(ctx, &l, o, t->n_top, &j->text_off[i]);
-        cJSON_AddItemToObject(ch, "logprobs", l.obj);
+        oa_positions ps = {echo_now ? t : NULL, o, t->n_top};
+        put_oa_logprobs(j->ctx, out, &ps, &j->text_off[i]);
     } else {
-        cJSON_AddNullToObject(ch, "logprobs");
+        json_lit(out, "null");
     }
-    if (fin) cJSON_AddStringToObject(ch, "finish_reason", finish_name(j->kind, fin));
-    else cJSON_AddNullToObject(ch, "finish_reason");
-    sse(out, ev);
+    put_stream_finish(out, j->kind, fin);
+    put_chunk_end(out, j, i);
 }
 
 /* Chat: the first chunk of a choice is its role, then content deltas, then
  * an empty delta with the finish reason (OpenAI's sequence). */
 static void stream_chat(api_job *j, int i, const sched_out *o, int fin, api_buf *out)
 {
-    const api_ctx *ctx = j->ctx;
     sched_task *t = &j->client->tasks[i];
-    cJSON *ch, *ev;
     if (!j->started[i]) {
-        ev = stream_chunk(j, i, &ch);
-        cJSON *d = cJSON_AddObjectToObject(ch, "delta");
-        cJSON_AddStringToObject(d, "role", "assistant");
-        cJSON_AddStringToObject(d, "content", "");
-        cJSON_AddNullToObject(ch, "logprobs");
-        cJSON_AddNullToObject(ch, "finish_reason");
-        sse(out, ev);
+        put_chunk_begin(out, j, i);
+        json_lit(out, ",\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"logprobs\":null,\"finish_reason\":null");
+        put_chunk_end(out, j, i);
         j->started[i] = 1;
     }
     if (o->n || o->len) {
-        ev = stream_chunk(j, i, &ch);
-        cJSON *d = cJSON_AddObjectToObject(ch, "delta");
-        add_text(d, "content", o->text, o->len);
-        if (j->logprobs) cJSON_AddItemToObject(ch, "logprobs", chat_logprobs(ctx, o, t->n_top));
-        else cJSON_AddNullToObject(ch, "logprobs");
-        cJSON_AddNullToObject(ch, "finish_reason");
-        sse(out, ev);
+        put_chunk_begin(out, j, i);
+        json_lit(out, ",\"delta\":{\"content\":");
+        put_text(out, o->text, o->len);
+        json_lit(out, "},\"logprobs\":");
+        if (j->logprobs) put_chat_logprobs(j->ctx, out, o, t->n_top);
+        else json_lit(out, "null");
+        json_lit(out, ",\"finish_reason\":null");
+        put_chunk_end(out, j, i);
     }
     if (fin) {
-        ev = stream_chunk(j, i, &ch);
-        cJSON_AddObjectToObject(ch, "delta");
-        cJSON_AddNullToObject(ch, "logprobs");
-        cJSON_AddStringToObject(ch, "finish_reason", finish_name(j->kind, fin));
-        sse(out, ev);
+        put_chunk_begin(out, j, i);
+        json_lit(out, ",\"delta\":{},\"logprobs\":null");
+        put_finish(out, j->kind, fin);
+        put_chunk_end(out, j, i);
     }
 }
 
@@ -1435,17 +1646,9 @@ int api_render_stream(api_job *j, api_buf *out)
                 free(ej);
             }
         } else if (j->kind == API_GENERATE) {
-            cJSON *ev = cJSON_CreateObject();
-            add_text(ev, "text", o->text, o->len);
-            cJSON_AddItemToObject(ev, "tokens", int_array(o->ids, o->n));
-            if (j->logprobs) cJSON_AddItemToObject(ev, "logprobs", generate_logprobs(o, t->n_top));
-            if (fin[i]) {
-                cJSON_AddStringToObject(ev, "finish_reason", finish_name(j->kind, fin[i]));
-                cJSON_AddItemToObject(ev, "usage", usage(t->n_prompt, t->n_gen, t->n_cached));
-                cJSON_AddItemToObject(ev, "timings", timings(t));
-                add_i64(ev, "seed", j->seed);
-            }
-            sse(out, ev);
+            json_lit(out, "data: ");
+            put_generate(out, j, t, o, fin[i]);
+            json_lit(out, "\n\n");
         } else if (j->kind == API_CHAT) {
             stream_chat(j, i, o, fin[i], out);
         } else {
@@ -1455,21 +1658,29 @@ int api_render_stream(api_job *j, api_buf *out)
         o->n = 0;
         if (fin[i]) { j->reported[i] = 1; n_reported++; }
     }
-    if (n_reported == n) {
+    int done = n_reported == n;
+    if (done) {
         if ((j->kind == API_COMPLETIONS || j->kind == API_CHAT) && j->include_usage) {
             long np, ng, nc;
             usage_totals(j, &np, &ng, &nc);
-            cJSON *ev = oa_envelope(j);
-            cJSON_AddArrayToObject(ev, "choices");
-            cJSON_AddItemToObject(ev, "usage", usage(np, ng, nc));
-            sse(out, ev);
+            json_lit(out, "data: ");
+            put_envelope(out, j);
+            json_lit(out, ",\"choices\":[],\"usage\":");
+            put_usage(out, np, ng, nc);
+            json_lit(out, "}\n\n");
         }
         api_buf_put(out, "data: [DONE]\n\n", 14);
         j->ended = 1;
-        return 1;
+    } else if (out->len == before && heartbeat) {
+        api_buf_put(out, ": keep-alive\n\n", 14);
     }
-    if (out->len == before && heartbeat) api_buf_put(out, ": keep-alive\n\n", 14);
-    return 0;
+    if (out->failed) {   /* out of memory: these events are lost, the buffer stays usable */
+        srv_log(SRV_LOG_WARN, "%s: out of memory rendering stream events", j->id);
+        out->failed = 0;
+        out->len = before;
+        if (out->p) out->p[before] = '\0';
+    }
+    return done;
 }
 
 /* ---- small endpoints ---- */
@@ -1680,6 +1891,47 @@ void api_ctx_measure_tokens(api_ctx *ctx)
     }
 }
 
+static void token_strings_free(api_token_strings *ts)
+{
+    if (!ts) return;
+    free(ts->json);
+    free(ts->ids);
+    free(ts);
+}
+
+/* Two passes over the vocabulary: the sizes, then the strings into one pool each. */
+static api_token_strings *token_strings_build(const api_ctx *ctx)
+{
+    api_token_strings *ts = calloc(1, sizeof *ts);
+    if (!ts) return NULL;
+    int n = ctx->vocab_size > 0 ? ctx->vocab_size : 0;
+    ts->n = n;
+    ts->ids = calloc((size_t)n + 1, sizeof *ts->ids);
+    json_buf json = {0};
+    if (!ts->ids) goto fail;
+    for (int id = 0; id < n; id++) {
+        char buf[256];
+        size_t len = token_text(ctx, id, buf, sizeof buf);
+        char *clean = utf8_clean(buf, len);
+        if (!clean) goto fail;
+        api_token_entry *t = &ts->ids[id];
+        t->json = (uint32_t)json.len;
+        t->text_len = (uint16_t)strlen(clean);   /* token_text: < 256 bytes, each at most 3 when cleaned */
+        free(clean);
+        json_text(&json, buf, len);
+        if (json.failed || json.len > UINT32_MAX) goto fail;
+        t->json_len = (uint16_t)(json.len - t->json);   /* < 6 * 256 + 2 */
+        memcpy(t->head, json.p + t->json, t->json_len < API_TOKEN_HEAD ? t->json_len : API_TOKEN_HEAD);
+        if (t->json_len > ts->max_json) ts->max_json = t->json_len;
+    }
+    ts->json = json.p;
+    return ts;
+fail:
+    json_buf_free(&json);
+    token_strings_free(ts);
+    return NULL;
+}
+
 int api_ctx_init(api_ctx *ctx, const char *model_dir, const char *chat_template_flag, char *err, size_t errlen)
 {
     memset(&ctx->specials, 0, sizeof ctx->specials);
@@ -1698,11 +1950,20 @@ int api_ctx_init(api_ctx *ctx, const char *model_dir, const char *chat_template_
         /* bytes: every id is a byte; no string stands for another id */
         ctx->specials.bos[0] = ctx->specials.eos[0] = '\0';
     }
+    ctx->strings = token_strings_build(ctx);
+    if (!ctx->strings) {
+        snprintf(err, errlen, "out of memory for the token strings of %d ids", ctx->vocab_size);
+        chat_template_free(ctx->chat);
+        ctx->chat = NULL;
+        return -1;
+    }
     return 0;
 }
 
 void api_ctx_free(api_ctx *ctx)
 {
+    token_strings_free(ctx->strings);
+    ctx->strings = NULL;
     chat_template_free(ctx->chat);
     ctx->chat = NULL;
 }

@@ -11,8 +11,29 @@
 #include <stdint.h>
 
 #include "chat.h"
+#include "json_out.h"
 #include "scheduler.h"
 #include "tokenizer.h"
+
+/* Every id's token text as the logprobs "tokens" lists show it, built once at load
+ * (api_ctx_init) so a response of 8192 positions looks each one up instead of asking
+ * the tokenizer 8192 x (1 + alternatives) times. */
+enum { API_TOKEN_HEAD = 24 };
+
+/* 32 bytes: a lookup is one cache line, and most tokens' strings are in head. */
+typedef struct {
+    uint32_t json;                  /* offset of the JSON string in the pool */
+    uint16_t json_len;              /* its bytes, quotes included */
+    uint16_t text_len;              /* bytes of the text (U+FFFD for what is not UTF-8): text_offset steps */
+    char head[API_TOKEN_HEAD];      /* the JSON string's first bytes (all of it when json_len <= 24) */
+} api_token_entry;
+
+typedef struct {
+    int n;                  /* ids covered: the model's vocabulary */
+    size_t max_json;        /* the longest JSON string (room to reserve per token) */
+    char *json;             /* each id's text as a JSON string (quotes included), back to back */
+    api_token_entry *ids;   /* [n] */
+} api_token_strings;
 
 /* What the endpoints need to know about the loaded model. Set once before
  * the server reports ready (api_ctx_init); read-only afterwards. */
@@ -33,10 +54,11 @@ typedef struct {
     chat_template *chat;    /* NULL: chat requests get a 400 saying why */
     chat_specials specials; /* bos/eos token strings; in text they stand for the ids (as HF tokenizers parse them) */
     long created;           /* /v1/models "created": when the model was loaded */
+    api_token_strings *strings;   /* api_ctx_init */
 } api_ctx;
 
-/* Fills the chat template (--chat-template flag, else the model directory's)
- * and the special-token strings. Returns 0, or -1 with err (a named template
+/* Fills the chat template (--chat-template flag, else the model directory's),
+ * the special-token strings and the token strings. Returns 0, or -1 with err (a named template
  * that cannot be loaded: a setup error). */
 int api_ctx_init(api_ctx *ctx, const char *model_dir, const char *chat_template_flag, char *err, size_t errlen);
 void api_ctx_free(api_ctx *ctx);
@@ -51,8 +73,8 @@ typedef struct {
 
 enum { API_GENERATE, API_SCORE, API_COMPLETIONS, API_CHAT };
 
-typedef struct { char *p; size_t len, cap; } api_buf;
-int api_buf_put(api_buf *b, const char *s, size_t n);
+typedef json_buf api_buf;
+int api_buf_put(api_buf *b, const char *s, size_t n);   /* 0, or -1 (out of memory: failed is set) */
 void api_buf_free(api_buf *b);
 
 typedef struct api_job api_job;

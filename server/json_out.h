@@ -1,0 +1,62 @@
+/*
+ * json_out.h - JSON text written straight into a growing buffer, for the large
+ * per-token arrays of responses (8192 log-probs, ids, token strings, alternatives),
+ * where one cJSON node per value costs more than the engine's work on CPU-cheap paths.
+ *
+ * Invariant: every writer emits exactly the bytes cJSON 1.7 (cJSON_PrintUnformatted)
+ * emits for the same value, so a response mixes these with cJSON-rendered parts
+ * freely: numbers as "%1.15g" when that reads back within cJSON's tolerance, else
+ * "%1.17g" (so a float32 log-prob round-trips), NaN and infinities as null; strings
+ * with '"', '\\', \b \f \n \r \t escaped and other bytes below 0x20 as \u00XX (the
+ * caller makes them valid UTF-8 first). tests/server/test_json_out.c checks this
+ * against the cJSON library on random values.
+ *
+ * A write that cannot grow the buffer sets failed and the buffer keeps what it had;
+ * callers check failed once at the end.
+ */
+#ifndef SRV_JSON_OUT_H
+#define SRV_JSON_OUT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct {
+    char *p;          /* NUL-terminated once anything was written */
+    size_t len, cap;
+    int failed;       /* out of memory at some write */
+} json_buf;
+
+/* Room for n more bytes (plus the NUL): 0, or -1 with failed set. */
+int json_reserve(json_buf *b, size_t n);
+void json_raw(json_buf *b, const char *s, size_t n);
+static inline void json_lit(json_buf *b, const char *s);   /* a literal: punctuation, a fixed key */
+void json_char(json_buf *b, char c);
+/* "s" with cJSON's escapes; s holds n bytes of valid UTF-8 without NUL. */
+void json_str(json_buf *b, const char *s, size_t n);
+/* The same for any n bytes: each byte that does not start a well-formed UTF-8
+ * sequence (and NUL) becomes U+FFFD first, so clients' JSON parsers never choke. */
+void json_text(json_buf *b, const char *s, size_t n);
+/* The length of the well-formed UTF-8 sequence (no NUL, no surrogate, no overlong
+ * form) at p, or 0 when the byte at p starts none. */
+int utf8_sequence_len(const unsigned char *p, const unsigned char *end);
+/* Every digit; the bytes cJSON prints for (double)v when |v| < 10^15. */
+void json_int(json_buf *b, int64_t v);
+/* A double as cJSON prints it. */
+void json_number(json_buf *b, double d);
+/* (double)f as cJSON prints it (the same bytes as json_number((double)f)), without
+ * printf and scanf for the usual range of log-probs. */
+void json_float(json_buf *b, float f);
+/* Pointer-level writers for the hot loops: the caller has reserved JSON_NUMBER_MAX
+ * bytes at o and sets len (and the NUL) itself. Each returns the end of what it wrote. */
+#define JSON_NUMBER_MAX 32
+char *json_put_int(char *o, int64_t v);
+char *json_put_float(char *o, float f);
+/* The bytes json_str would write for s, as a malloc'd NUL-terminated string (quotes
+ * included): token strings are escaped once at load. NULL when out of memory. */
+char *json_str_dup(const char *s, size_t n, size_t *out_len);
+void json_buf_free(json_buf *b);
+
+#include <string.h>
+static inline void json_lit(json_buf *b, const char *s) { json_raw(b, s, strlen(s)); }
+
+#endif
