@@ -12,7 +12,8 @@
 #      throughput >= 3x), the lm-eval-style workload (1,024-token context, 8
 #      continuations: tokens computed <= 1/6, wall <= 1/3, log-prob differences),
 #      a 10-turn chat (TTFT of turn 10 within 1.5x of turn 1); and the no-cache server once more
-#      with --prefill-chunk 64, whose differences from the no-cache run are the scale of what
+#      with --prefill-chunk 64 --step-tokens 256 --step-tokens-idle 256 (every prompt cut into
+#      256-token steps), whose differences from the no-cache run are the scale of what
 #      step boundaries alone change in bf16 on random weights (exactness.yardstick_no_cache).
 # Outputs: $OUT/prefix-h200.json (commit under bench/results/), $OUT/prefix.txt
 # (summary), $OUT/logs.tgz (server logs). About 4-7 minutes (the device limit is 10).
@@ -35,7 +36,7 @@ echo "== bench_prefix (1.7B shape, cuda)"
 timeout 420 python3 scripts/bench_prefix.py --server $B/server/kda-server --model "$M17S" --device cuda \
   --concurrent 64 --system-tokens 2000 --suffix-tokens 32 --max-tokens 32 --context-tokens 1024 \
   --chat-system-tokens 500 --chat-user-tokens 60 --chat-reply-tokens 32 \
-  --yardstick "--prefill-chunk 64" --log-dir "$LOG" --out "$OUT/prefix-h200.json"
+  --yardstick "--prefill-chunk 64 --step-tokens 256 --step-tokens-idle 256" --log-dir "$LOG" --out "$OUT/prefix-h200.json"
 r=$?; [ $r = 0 ] || rc=1; echo "rc=$r"
 grep -hE "prefix cache|cuda:|error" "$LOG"/server-*.log | head -12
 tar czf "$OUT/logs.tgz" -C /tmp kda-logs
