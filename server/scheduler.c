@@ -177,6 +177,7 @@ void sched_client_cancel(sched_client *c)
 
 int sched_out_text(sched_out *o, const char *s, size_t n)
 {
+    if (n == 0) return 0; /* nothing to add (and o->text may still be NULL: no memcpy to it) */
     if (o->len + n > o->text_cap) {
         size_t cap = o->text_cap ? o->text_cap : 256;
         while (cap < o->len + n) cap *= 2;
