@@ -23,22 +23,13 @@ import random
 import statistics
 import sys
 import time
-import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_prefix import Server  # noqa: E402
+from bench_score_server import metric_sum  # noqa: E402
 
 KEYS = ("vllm:e2e_request_latency_seconds_sum", "vllm:request_prefill_time_seconds_sum",
         "vllm:request_queue_time_seconds_sum")
-
-
-def metric_sum(url, name):
-    with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
-        tot = 0.0
-        for line in r.read().decode().splitlines():
-            if line.startswith(name + " ") or line.startswith(name + "{"):
-                tot += float(line.rsplit(None, 1)[1])
-        return tot
 
 
 def main():
@@ -98,9 +89,9 @@ def main():
             one(0)  # warm-up
             runs, inside_runs = [], []
             for rep in range(a.reps):   # the metrics per request, read between requests
-                m0 = {key: metric_sum(srv.url, key) for key in KEYS}
+                m0 = {key: metric_sum(srv, key) for key in KEYS}
                 runs.append(one(rep + 1))
-                inside_runs.append({key: (metric_sum(srv.url, key) - m0[key]) * 1e3 for key in KEYS})
+                inside_runs.append({key: (metric_sum(srv, key) - m0[key]) * 1e3 for key in KEYS})
             inside = {key.split(":")[1].replace("_seconds_sum", "_ms"): round(statistics.median(r[key] for r in inside_runs), 2)
                       for key in KEYS}
             outside = [x[1] - r[KEYS[0]] for x, r in zip(runs, inside_runs)]
