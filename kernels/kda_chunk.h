@@ -63,6 +63,11 @@ typedef struct {
                             * (<= 16) in parallel: each segment's transition S -> M S + B, a scan
                             * over the segments, then each segment again from its true start.
                             * Needs kc_kda_chunk_workspace_split() bytes. 0 or 1: off */
+    int intra_split;       /* intra stage in two launches (pass 1 per K slice, then the solve and W / U per
+                            * slice): 0 = auto (K >= 64 and chunks x heads <= 256), 1 = off, 2 = on
+                            * (needs K >= 64 and chunks x heads <= 256, else -1) */
+    int out_split;         /* output stage: blocks per chunk, each with 64 / out_split of its rows:
+                            * 0 = auto (4 or 2 while the blocks fit one wave, else 1), 1, 2 or 4 */
     int debug_stop_after;  /* tests: 1..4 runs stages 1..n only (plan+prep, intra, recurrence, output)
                             * and leaves state, tail and (n < 4) y untouched; 0 = everything */
 } kc_kda_chunk_args;
@@ -108,7 +113,8 @@ typedef struct {
     size_t plan_nchunks, status, item_chunk0, item_nchunks, item_nseg, item_seg0, chunk_item, chunk_local; /* int32 */
     size_t q, k, v, g, beta, aqk, egl, sc;  /* fp32 */
     size_t segx, sstart;                    /* fp32, seq_split > 1 only: [max_segs][H][K][K+V], [max_segs][H][K][V] */
-    int max_chunks, max_segs;
+    size_t ipart;                           /* fp32, the intra split's parts: [ipart_chunks][H][K/32][2][64][64] */
+    int max_chunks, max_segs, ipart_chunks;
     size_t bytes;
 } kc_kda_chunk_layout;
 void kc_kda_chunk_layout_of(int T, int n_items, int H, int K, int V, int seq_split, kc_kda_chunk_layout *out);

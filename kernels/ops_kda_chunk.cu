@@ -55,20 +55,27 @@ using namespace nvcuda;
 #define KC_CH 64     /* tokens per chunk */
 #define KC_LDA 68    /* leading dimension of the 64 x 64 chunk matrices in shared memory */
 #define KC_THREADS 256
-#define KC_PREP_THREADS 128
+#define KC_PREP_THREADS 512
 #define KC_SMEM_SM 233472 /* shared memory per SM, sm_90 (228 KiB, 1 KiB of it reserved per block) */
 
 /* ---- the workspace, resolved to device pointers ---- */
 struct ChunkWs {
     int *nchunks, *status, *item_chunk0, *item_nchunks, *chunk_item, *chunk_local, *item_nseg, *item_seg0;
-    float *q, *k, *v, *g, *beta, *aqk, *egl, *sc, *segx, *sstart;
-    int max_chunks, max_segs, seq_split;
+    float *q, *k, *v, *g, *beta, *aqk, *egl, *sc, *segx, *sstart, *ipart;
+    int max_chunks, max_segs, seq_split, ipart_chunks;
 };
 
 /* Sequence split: an item of nc chunks gets min(seq_split, nc / KC_SEG_MIN)
  * segments (1: not split), so every segment has >= KC_SEG_MIN chunks and all
  * items together need at most max_segs segment buffers (T / 224 + 2 covers
  * every packing of <= T rows: a split item has > 7 * 64 rows). */
+/* The intra stage in two launches (INTRA_PASS1, INTRA_FINISH below) while a
+ * call has at most KC_ISPLIT_CHUNK_HEADS chunks x heads: then each head's
+ * chunk runs on one SM of a mostly idle GPU, and the stage's length is one
+ * block's serial chain. The workspace holds the slices' parts of L and Aqk
+ * for that many (128 KiB each at K = 128). */
+#define KC_ISPLIT_CHUNK_HEADS 256
+
 #define KC_SEG_MIN 4
 #define KC_SEG_MAX 16
 
@@ -79,6 +86,9 @@ extern "C" void kc_kda_chunk_layout_of(int T, int n_items, int H, int K, int V, 
     /* sum over items of ceil(ntok / 64) <= (T + 63 n_items) / 64 when the items tile <= T rows */
     const size_t maxc = ((size_t)T + 63 * (size_t)n_items) / KC_CH + 1;
     const size_t maxs = seq_split > 1 ? (size_t)T / 224 + 2 : 0;
+    /* the intra split needs >= 2 K slices (K >= 64) */
+    const size_t nks = K >= 64 ? (size_t)K / 32 : 0;
+    const size_t ipc = nks ? (maxc < (size_t)KC_ISPLIT_CHUNK_HEADS / H ? maxc : (size_t)KC_ISPLIT_CHUNK_HEADS / H) : 0;
     const size_t rows = (size_t)H * T;
     size_t off = 0;
 #define KC_PUT(field, bytes)                                                                       \
@@ -104,9 +114,11 @@ extern "C" void kc_kda_chunk_layout_of(int T, int n_items, int H, int K, int V, 
     KC_PUT(sc, maxc * H * (size_t)K * V * 4);
     KC_PUT(segx, maxs * H * (size_t)K * (K + V) * 4);
     KC_PUT(sstart, maxs * H * (size_t)K * V * 4);
+    KC_PUT(ipart, ipc * H * nks * 2 * KC_CH * KC_CH * 4);
 #undef KC_PUT
     L->max_chunks = (int)maxc;
     L->max_segs = (int)maxs;
+    L->ipart_chunks = (int)ipc;
     L->bytes = off;
 }
 
@@ -372,12 +384,42 @@ __global__ void __launch_bounds__(1024) kc_chunk_plan_kernel(kc_kda_chunk_args a
     }
 }
 
+/* exp through ex2.approx (__expf) on the GPU; the emulator runs the accurate
+ * expf: the GPU test checks the difference */
+static __device__ __forceinline__ float kc_fexp(float x)
+{
+#if defined(__CUDA_ARCH__)
+    return __expf(x);
+#else
+    return expf(x);
+#endif
+}
+
 /* ---- prep: block per (chunk, head, part) with part 0 = q, 1 = k, 2 = v ----
- * Thread ch owns channel ch of the part: the conv window in registers, rows
- * in batches of 8 loads in flight. q and k rows are staged in shared memory
- * for their L2 norm; the k blocks also produce Gam (per channel, a running
- * sum over the chunk's rows) and beta. */
-__global__ void __launch_bounds__(KC_PREP_THREADS) kc_chunk_prep_kernel(kc_kda_chunk_args a, ChunkWs w)
+ * Thread (group gq, channel ch) computes rows gq RPG .. (gq + 1) RPG - 1 of
+ * channel ch: G = min(8, 512 / width) row groups of RPG = 64 / G rows, so
+ * that one warp's serial chain (conv, SiLU and the gate's softplus per row:
+ * ~100 instructions a row) is 8-16 rows long, not 64: the stage is bound by
+ * that chain when the chunks are few (one 64-token item: 48 blocks). Each
+ * thread's conv window starts from the three raw inputs before its rows
+ * (earlier rows of the item, or the slot's conv tail). q and k rows are
+ * staged in shared memory for their L2 norm; the k blocks also produce Gam,
+ * the running sum of the gate over the chunk's rows: each group sums its own
+ * rows, then adds the totals of the groups before it, left to right, so the
+ * first row of a group gets exactly the last row's Gam of the group before
+ * plus its own (non-positive) term and Gam stays non-increasing in fp32. */
+/* SiLU through __expf and __fdividef (for x < -88 the quotient is 0, as it
+ * should be to fp32); the emulator divides exactly */
+static __device__ __forceinline__ float silu_fast(float x)
+{
+#if defined(__CUDA_ARCH__)
+    return __fdividef(x, 1.0f + __expf(-x));
+#else
+    return x / (1.0f + expf(-x));
+#endif
+}
+
+__global__ void __launch_bounds__(KC_PREP_THREADS, 2) kc_chunk_prep_kernel(kc_kda_chunk_args a, ChunkWs w)
 {
     KC_PDL_WAIT();
     KC_PDL_TRIGGER();
@@ -388,15 +430,20 @@ __global__ void __launch_bounds__(KC_PREP_THREADS) kc_chunk_prep_kernel(kc_kda_c
     const size_t T = a.T;
     const int irow0 = a.item_row0[cp.item], p0 = cp.chunk * KC_CH, n = cp.n, row0 = cp.row0;
     const float *tail = a.state + (size_t)a.item_slot[cp.item] * a.slot_stride + kc_tail_off(H, K, V, a.state_bf16); /* [P, Cc] */
-    const int width = part == 2 ? V : K;
+    const int width = part == 2 ? V : K, wsh = log2i(width); /* width <= 128, a power of two */
+    const int G = min(8, KC_PREP_THREADS >> wsh), RPG = KC_CH / G;
     const int colb = part == 0 ? h * K : part == 1 ? HK + h * K : 2 * HK + h * V;
     KC_DYNAMIC_SMEM(x_s); /* [64][K] (parts 0, 1) */
     __shared__ float inv_s[KC_CH];
+    __shared__ float gtot_s[8][128]; /* part 1: each group's sum of its rows' gate terms */
     float *dst = (part == 0 ? w.q : part == 1 ? w.k : w.v) + ((size_t)h * T + row0) * width;
     const float a_h = -expf(a.A_log[h]);
-
-    for (int ch = threadIdx.x; ch < width; ch += KC_PREP_THREADS) {
-        const int col = colb + ch;
+    const int ch = threadIdx.x & (width - 1), gq = threadIdx.x >> wsh;
+    const int r0 = gq * RPG, col = colb + ch;
+    const bool active = gq < G && r0 < n; /* a group past the chunk's rows reads nothing */
+    float gv[16]; /* this thread's rows of Gam before the offset of the groups before it */
+    float gacc = 0.0f;
+    if (active) {
         /* taps right-aligned in 4 weights (leading zeros for taps < 4);
          * xw = raw inputs at positions p - 3, p - 2, p - 1 of the item */
         float wt[4], xw[3];
@@ -404,48 +451,60 @@ __global__ void __launch_bounds__(KC_PREP_THREADS) kc_chunk_prep_kernel(kc_kda_c
         for (int i = 0; i < 4; i++) wt[i] = i >= sh ? a.convw[(size_t)col * a.taps + (i - sh)] : 0.0f;
 #pragma unroll
         for (int i = 0; i < 3; i++) {
-            const int pos = p0 - 3 + i;
+            const int pos = p0 + r0 - 3 + i;
             xw[i] = pos >= 0 ? a.proj[(size_t)(irow0 + pos) * a.ldp + col]
                   : pos >= -P ? tail[(size_t)(P + pos) * Cc + col] : 0.0f;
         }
         const float dtb = part == 1 ? a.dt_bias[h * K + ch] : 0.0f;
-        float gacc = 0.0f;
-        for (int rb = 0; rb < n; rb += 8) {
-            float xb[8], gb[8];
 #pragma unroll
-            for (int u = 0; u < 8; u++) {
-                const int r = rb + u;
-                xb[u] = r < n ? a.proj[(size_t)(row0 + r) * a.ldp + col] : 0.0f;
-                gb[u] = part == 1 && r < n ? a.lowrank[(size_t)(row0 + r) * (HK + HV) + h * K + ch] : 0.0f;
-            }
+        for (int u0 = 0; u0 < 16; u0 += 8) {
+            if (u0 < RPG) {
+                float xb[8], gb[8];
 #pragma unroll
-            for (int u = 0; u < 8; u++) {
-                const int r = rb + u;
-                if (r < n) {
-                    const float s = ((wt[0] * xw[0] + wt[1] * xw[1]) + wt[2] * xw[2]) + wt[3] * xb[u];
-                    xw[0] = xw[1], xw[1] = xw[2], xw[2] = xb[u];
-                    const float y = siluf_(s);
-                    if (part == 2)
-                        dst[(size_t)r * V + ch] = y;
-                    else
-                        x_s[r * K + ch] = y;
-                    if (part == 1) {
-                        gacc += a_h * softplusf_(gb[u] + dtb);
-                        w.g[((size_t)h * T + row0 + r) * K + ch] = gacc;
+                for (int u = 0; u < 8; u++) {
+                    const int r = r0 + u0 + u;
+                    xb[u] = r < n ? a.proj[(size_t)(row0 + r) * a.ldp + col] : 0.0f;
+                    gb[u] = part == 1 && r < n ? a.lowrank[(size_t)(row0 + r) * (HK + HV) + h * K + ch] : 0.0f;
+                }
+#pragma unroll
+                for (int u = 0; u < 8; u++) {
+                    const int r = r0 + u0 + u;
+                    if (r < n) {
+                        const float s = ((wt[0] * xw[0] + wt[1] * xw[1]) + wt[2] * xw[2]) + wt[3] * xb[u];
+                        xw[0] = xw[1], xw[1] = xw[2], xw[2] = xb[u];
+                        const float y = silu_fast(s);
+                        if (part == 2)
+                            dst[(size_t)r * V + ch] = y;
+                        else
+                            x_s[r * K + ch] = y;
+                        if (part == 1) gacc += a_h * softplusf_(gb[u] + dtb);
                     }
+                    gv[u0 + u] = gacc;
                 }
             }
         }
     }
-    if (part == 1)
+    if (part == 1) {
+        if (active) gtot_s[gq][ch] = gacc;
         for (int r = threadIdx.x; r < n; r += KC_PREP_THREADS)
             w.beta[(size_t)h * T + row0 + r] = sigmoidf_(a.proj[(size_t)(row0 + r) * a.ldp + a.off_beta + h]);
+        __syncthreads();
+        if (active) {
+            float off = 0.0f;
+            for (int s = 0; s < gq; s++) off += gtot_s[s][ch];
+#pragma unroll
+            for (int u = 0; u < 16; u++) {
+                const int r = r0 + u;
+                if (u < RPG && r < n) w.g[((size_t)h * T + row0 + r) * K + ch] = gq ? off + gv[u] : gv[u];
+            }
+        }
+    }
     if (part == 2) return;
     __syncthreads();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     for (int r = warp; r < n; r += KC_PREP_THREADS / 32) {
         float ss = 0.0f;
-        for (int ch = lane; ch < K; ch += 32) ss += x_s[r * K + ch] * x_s[r * K + ch];
+        for (int c = lane; c < K; c += 32) ss += x_s[r * K + c] * x_s[r * K + c];
         ss = warp_sum(ss);
         if (lane == 0) inv_s[r] = 1.0f / sqrtf(ss + 1e-6f);
     }
@@ -480,17 +539,22 @@ static __host__ __device__ int intra_smem_floats(int K)
     return KC_CH * KC_LDA + KC_CH + intra_region_y(K < 32 ? K : 32);
 }
 
-/* the emulator runs the accurate expf: the GPU test checks the difference */
-static __device__ __forceinline__ float kc_fexp(float x)
-{
-#if defined(__CUDA_ARCH__)
-    return __expf(x);
-#else
-    return expf(x);
-#endif
-}
 
-template <int MODE, int BK>
+/* What an intra block does (the template's PART): the whole stage, or for
+ * few chunks (short prompts: one chunk's serial chain per head on 16 SMs)
+ * the same work spread over more blocks in two launches:
+ *   INTRA_PASS1  block per (chunk, head, K slice z): pass 1 over slice z
+ *                only; its contributions to L and Aqk go to the workspace
+ *                (ipart[chunk][head][z]);
+ *   INTRA_FINISH block per (chunk, head, z < K/BK + V/BK): L and Aqk as the
+ *                sum of the slices' parts (in slice order), the solve
+ *                (repeated by every block of the chunk), then W, qg, kg for
+ *                K slice z (z < K/BK) or U for value slice z - K/BK.
+ * The launch boundary between the two is what lets pass 2 overwrite q, k and
+ * Gam in place while other blocks of the chunk read them in pass 1. */
+enum { INTRA_FUSED, INTRA_PASS1, INTRA_FINISH };
+
+template <int MODE, int BK, int PART>
 __global__ void __launch_bounds__(KC_THREADS, MODE == KC_KDA_GEMM_TF32 ? 3 : 1)
     kc_chunk_intra_kernel(kc_kda_chunk_args a, ChunkWs w)
 {
@@ -501,9 +565,11 @@ __global__ void __launch_bounds__(KC_THREADS, MODE == KC_KDA_GEMM_TF32 ? 3 : 1)
     constexpr int LDS = BK + 4, LDR = BK + 8, B4 = BK / 4, B4SH = BK == 16 ? 2 : 3, BSH = BK == 16 ? 4 : 5;
     static_assert(BK == 16 || BK == 32, "slice width");
     const int h = blockIdx.y, n = cp.n, row0 = cp.row0;
-    const int K = a.K, V = a.V;
+    const int K = a.K, V = a.V, nks = K / BK, nvs = V / BK, z = blockIdx.z;
     const size_t T = a.T;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    /* the chunk's slice parts of L and Aqk: [nks][2][64][64] */
+    float *ipart = w.ipart + ((size_t)blockIdx.x * a.H + h) * nks * 2 * KC_CH * KC_CH;
     KC_DYNAMIC_SMEM(sm);
     float *Ai_s = sm, *beta_s = Ai_s + KC_CH * KC_LDA, *Y = beta_s + KC_CH;
     float *k_s = Y, *q_s = k_s + KC_CH * LDS, *g_s = q_s + KC_CH * LDS;
@@ -513,8 +579,10 @@ __global__ void __launch_bounds__(KC_THREADS, MODE == KC_KDA_GEMM_TF32 ? 3 : 1)
     const float *gin = w.g + ((size_t)h * T + row0) * K;
 
     /* Ai's blocks above the diagonal stay zero (W and U read the whole matrix) */
-    for (int e = tid; e < KC_CH * KC_LDA / 4; e += KC_THREADS) ((float4 *)Ai_s)[e] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (int r = tid; r < KC_CH; r += KC_THREADS) beta_s[r] = r < n ? w.beta[(size_t)h * T + row0 + r] : 0.0f;
+    if (PART != INTRA_PASS1) {
+        for (int e = tid; e < KC_CH * KC_LDA / 4; e += KC_THREADS) ((float4 *)Ai_s)[e] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int r = tid; r < KC_CH; r += KC_THREADS) beta_s[r] = r < n ? w.beta[(size_t)h * T + row0 + r] : 0.0f;
+    }
     /* rows >= n: k = q = 0 and Gam = Gam[n-1], so they add nothing and every
      * exponent stays <= 0 */
     auto load_slice = [&](int ks) {
@@ -558,7 +626,8 @@ __global__ void __launch_bounds__(KC_THREADS, MODE == KC_KDA_GEMM_TF32 ? 3 : 1)
     const int mi1 = j1 == 1 ? (u1 & 1) : 0;
 
     /* pass 1: L (before beta) and Aqk */
-    for (int ks = 0; ks < K / BK; ks++) {
+    const int p1_lo = PART == INTRA_PASS1 ? z : 0, p1_hi = PART == INTRA_PASS1 ? z + 1 : PART == INTRA_FUSED ? nks : 0;
+    for (int ks = p1_lo; ks < p1_hi; ks++) {
         load_slice(ks);
         __syncthreads();
 #pragma unroll
@@ -601,20 +670,47 @@ __global__ void __launch_bounds__(KC_THREADS, MODE == KC_KDA_GEMM_TF32 ? 3 : 1)
         }
     }
     /* L and Aqk into region Y (the slices are dead): zeros above the
-     * diagonal of Aqk (stored whole), the tiles, the diagonal sub-blocks */
-    for (int e = tid; e < KC_CH * KC_LDA / 4; e += KC_THREADS) ((float4 *)A_s)[e] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    __syncthreads();
-    if (has0) acc0.store((isq0 ? A_s : L_s) + (16 + 16 * mi0) * KC_LDA, KC_LDA);
-    if (j1 > 0) acc1.store((isq1 ? A_s : L_s) + (16 * (j1 + 1) + 16 * mi1) * KC_LDA + 16 * j1, KC_LDA);
+     * diagonal of Aqk (stored whole), the tiles, the diagonal sub-blocks.
+     * L's entries on and above the diagonal are never read. */
+    if (PART != INTRA_FINISH) {
+        for (int e = tid; e < KC_CH * KC_LDA / 4; e += KC_THREADS) ((float4 *)A_s)[e] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        __syncthreads();
+        if (has0) acc0.store((isq0 ? A_s : L_s) + (16 + 16 * mi0) * KC_LDA, KC_LDA);
+        if (j1 > 0) acc1.store((isq1 ? A_s : L_s) + (16 * (j1 + 1) + 16 * mi1) * KC_LDA + 16 * j1, KC_LDA);
 #pragma unroll
-    for (int i = 0; i < 3; i++) {
-        if (pr[i] < 0) continue;
-        if (ps[i] < pr[i]) L_s[pr[i] * KC_LDA + ps[i]] = dk[i];
-        A_s[pr[i] * KC_LDA + ps[i]] = dq[i];
+        for (int i = 0; i < 3; i++) {
+            if (pr[i] < 0) continue;
+            if (ps[i] < pr[i]) L_s[pr[i] * KC_LDA + ps[i]] = dk[i];
+            A_s[pr[i] * KC_LDA + ps[i]] = dq[i];
+        }
+        __syncthreads();
     }
-    __syncthreads();
+    if (PART == INTRA_PASS1) { /* this slice's part, for the finishing blocks */
+        float *pl = ipart + (size_t)z * 2 * KC_CH * KC_CH, *pq = pl + KC_CH * KC_CH;
+        for (int e = tid; e < KC_CH * KC_CH / 4; e += KC_THREADS) {
+            const int r = e >> 4, c = (e & 15) * 4;
+            *(float4 *)(pl + r * KC_CH + c) = *(const float4 *)(L_s + r * KC_LDA + c);
+            *(float4 *)(pq + r * KC_CH + c) = *(const float4 *)(A_s + r * KC_LDA + c);
+        }
+        return;
+    }
+    if (PART == INTRA_FINISH) { /* the sum of the slices' parts, slice 0 first */
+        for (int e = tid; e < KC_CH * KC_CH / 4; e += KC_THREADS) {
+            const int r = e >> 4, c = (e & 15) * 4;
+            float4 l = *(const float4 *)(ipart + r * KC_CH + c), q = *(const float4 *)(ipart + KC_CH * KC_CH + r * KC_CH + c);
+            for (int sl = 1; sl < nks; sl++) {
+                const float *pl = ipart + (size_t)sl * 2 * KC_CH * KC_CH + r * KC_CH + c;
+                const float4 l2 = *(const float4 *)pl, q2 = *(const float4 *)(pl + KC_CH * KC_CH);
+                l.x += l2.x, l.y += l2.y, l.z += l2.z, l.w += l2.w;
+                q.x += q2.x, q.y += q2.y, q.z += q2.z, q.w += q2.w;
+            }
+            *(float4 *)(L_s + r * KC_LDA + c) = l;
+            *(float4 *)(A_s + r * KC_LDA + c) = q;
+        }
+        __syncthreads();
+    }
     for (int e = tid; e < KC_CH * KC_CH; e += KC_THREADS) L_s[(e >> 6) * KC_LDA + (e & 63)] *= beta_s[e >> 6];
-    for (int e = tid; e < n * (KC_CH / 4); e += KC_THREADS)
+    for (int e = tid; e < (PART == INTRA_FUSED || z == 0 ? n : 0) * (KC_CH / 4); e += KC_THREADS)
         *(float4 *)(w.aqk + ((size_t)h * T + row0 + (e >> 4)) * KC_CH + (e & 15) * 4) =
             *(const float4 *)(A_s + (e >> 4) * KC_LDA + (e & 15) * 4);
     __syncthreads();
@@ -665,7 +761,8 @@ __global__ void __launch_bounds__(KC_THREADS, MODE == KC_KDA_GEMM_TF32 ? 3 : 1)
     float *rhs = ka;   /* [64][LDR] (<= 112 x LDS) */
     float *stage = q_s; /* product tile staging, free once qg is out */
     constexpr int nct = BK / 16;
-    for (int ks = 0; ks < K / BK; ks++) {
+    const int p2_lo = PART == INTRA_FINISH ? min(z, nks) : 0, p2_hi = PART == INTRA_FINISH ? min(z + 1, nks) : nks;
+    for (int ks = p2_lo; ks < p2_hi; ks++) {
         load_slice(ks);
         __syncthreads();
         const float *glast = g_s + (n - 1) * LDS;
@@ -700,7 +797,8 @@ __global__ void __launch_bounds__(KC_THREADS, MODE == KC_KDA_GEMM_TF32 ? 3 : 1)
         __syncthreads();
     }
     /* U = Ai (beta v), BK value columns at a time, in place of v */
-    for (int vs = 0; vs < V / BK; vs++) {
+    const int u_lo = PART == INTRA_FINISH ? max(z - nks, 0) : 0, u_hi = PART == INTRA_FINISH ? max(z - nks + 1, 0) : nvs;
+    for (int vs = u_lo; vs < u_hi; vs++) {
         float *vio = w.v + ((size_t)h * T + row0) * V + vs * BK;
         for (int e = tid; e < KC_CH * B4; e += KC_THREADS) {
             const int r = e >> B4SH, d = (e & (B4 - 1)) * 4;
@@ -979,13 +1077,18 @@ __global__ void __launch_bounds__(KC_THREADS) kc_chunk_combine_kernel(kc_kda_chu
     }
 }
 
-/* ---- out: block per (chunk, head), all V columns ----
- * Three phases through one shared region, so that three blocks fit an SM
- * (the stage is latency-bound: one block's loads overlap the others'
- * products): qg [64][K+4] and the first K/2 rows of S_c [K/2][V+8], then the
- * other K/2 rows in their place, for O = qg S_c; then Aqk [64][68] and Vnew
- * [64][V+8] (then O) for O += Aqk Vnew. Warp w owns output tiles w, w + 8,
- * ... (<= 4), accumulated in registers across the phases. */
+/* ---- out: block per (chunk, head, row block), all V columns ----
+ * rsplit (1, 2 or 4) blocks share a chunk, each with 64 / rsplit of its rows:
+ * few chunks (short prompts) spread over more SMs, each block's chain of
+ * products shorter; many chunks keep one block per chunk, since every block
+ * loads the chunk's whole S_c. Three phases through one shared region, so
+ * that three blocks fit an SM (the stage is latency-bound: one block's loads
+ * overlap the others' products): qg [64][K+4] (the block's rows) and the
+ * first K/2 rows of S_c [K/2][V+8], then the other K/2 rows in their place,
+ * for O = qg S_c; then Aqk [64][68] (the block's rows) and Vnew [64][V+8]
+ * (rows up to the block's last: Aqk is lower triangular), then O, for
+ * O += Aqk Vnew. Warp w owns output tiles w, w + 8, ... (<= 4), accumulated
+ * in registers across the phases. */
 static __host__ __device__ int out_smem_floats(int K, int V)
 {
     const int a = KC_CH * (K + 4) + K / 2 * (V + 8), b = KC_CH * KC_LDA + KC_CH * (V + 8);
@@ -993,13 +1096,16 @@ static __host__ __device__ int out_smem_floats(int K, int V)
 }
 
 template <int MODE>
-__global__ void __launch_bounds__(KC_THREADS) kc_chunk_out_kernel(kc_kda_chunk_args a, ChunkWs w)
+__global__ void __launch_bounds__(KC_THREADS) kc_chunk_out_kernel(kc_kda_chunk_args a, ChunkWs w, int rsplit)
 {
     KC_PDL_WAIT();
     KC_PDL_TRIGGER();
     ChunkPos cp;
     if (!chunk_pos(a, w, blockIdx.x, &cp)) return;
     const int h = blockIdx.y, n = cp.n, row0 = cp.row0;
+    /* this block's rows rb0 .. rb1 - 1 of the chunk (rsplit blocks share a chunk) */
+    const int rb0 = blockIdx.z * (KC_CH / rsplit), rb1 = rb0 + KC_CH / rsplit, rt0 = rb0 / 16;
+    if (rb0 >= n) return;
     /* ld = 8 mod 32 for the row-major B operands (S_c, Vnew): no bank conflicts */
     const int H = a.H, K = a.K, V = a.V, HK = H * K, HV = H * V, LDK = K + 4, LDV = V + 8, KH = K / 2;
     const size_t T = a.T;
@@ -1017,7 +1123,7 @@ __global__ void __launch_bounds__(KC_THREADS) kc_chunk_out_kernel(kc_kda_chunk_a
     };
     {
         const float *qg = w.q + ((size_t)h * T + row0) * K;
-        for (int e = tid; e < KC_CH * k4; e += KC_THREADS) {
+        for (int e = rb0 * k4 + tid; e < rb1 * k4; e += KC_THREADS) {
             const int r = e >> ksh, q = e & (k4 - 1);
             cp_async16(qg_s + r * LDK + 4 * q, qg + (size_t)(r < n ? r : 0) * K + 4 * q, r < n);
         }
@@ -1026,7 +1132,7 @@ __global__ void __launch_bounds__(KC_THREADS) kc_chunk_out_kernel(kc_kda_chunk_a
         cp_async_wait<0>();
     }
     __syncthreads();
-    const int nvt = V / 16, ntile = 4 * nvt; /* V <= 128: <= 32 tiles, <= 4 per warp */
+    const int nvt = V / 16, ntile = (rb1 - rb0) / 16 * nvt; /* V <= 128: <= 32 tiles, <= 4 per warp */
     Acc<MODE> acc[4];
     for (int half = 0; half < 2; half++) {
         if (half) {
@@ -1040,7 +1146,7 @@ __global__ void __launch_bounds__(KC_THREADS) kc_chunk_out_kernel(kc_kda_chunk_a
         for (int i = 0; i < 4; i++) {
             const int t = warp + 8 * i;
             if (t < ntile) {
-                const int mi = t / nvt, ni = t % nvt;
+                const int mi = rt0 + t / nvt, ni = t % nvt;
                 if (!half) acc[i].zero();
                 acc[i].template mma<true, true>(qg_s + 16 * mi * LDK + half * KH, LDK, sc_s + 16 * ni, LDV, KH, false);
             }
@@ -1049,11 +1155,11 @@ __global__ void __launch_bounds__(KC_THREADS) kc_chunk_out_kernel(kc_kda_chunk_a
     __syncthreads(); /* qg and S_c read: phase 3 takes their place */
     {
         const float *vn = w.v + ((size_t)h * T + row0) * V, *aq = w.aqk + ((size_t)h * T + row0) * KC_CH;
-        for (int e = tid; e < KC_CH * v4; e += KC_THREADS) {
+        for (int e = tid; e < rb1 * v4; e += KC_THREADS) { /* Aqk's rows here reach column rb1 - 1 */
             const int r = e >> vsh, q = e & (v4 - 1);
             cp_async16(vn_s + r * LDV + 4 * q, vn + (size_t)(r < n ? r : 0) * V + 4 * q, r < n);
         }
-        for (int e = tid; e < KC_CH * 16; e += KC_THREADS) {
+        for (int e = rb0 * 16 + tid; e < rb1 * 16; e += KC_THREADS) {
             const int r = e >> 4, q = e & 15;
             cp_async16(aq_s + r * KC_LDA + 4 * q, aq + (size_t)(r < n ? r : 0) * KC_CH + 4 * q, r < n);
         }
@@ -1065,19 +1171,19 @@ __global__ void __launch_bounds__(KC_THREADS) kc_chunk_out_kernel(kc_kda_chunk_a
     for (int i = 0; i < 4; i++) {
         const int t = warp + 8 * i;
         if (t < ntile) {
-            const int mi = t / nvt, ni = t % nvt;
-            acc[i].template mma<true, true>(aq_s + 16 * mi * KC_LDA, KC_LDA, vn_s + 16 * ni, LDV, KC_CH, false);
+            const int mi = rt0 + t / nvt, ni = t % nvt;
+            acc[i].template mma<true, true>(aq_s + 16 * mi * KC_LDA, KC_LDA, vn_s + 16 * ni, LDV, rb1, false);
         }
     }
     __syncthreads(); /* every product has read Vnew: O may take its place */
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         const int t = warp + 8 * i;
-        if (t < ntile) acc[i].store(vn_s + 16 * (t / nvt) * LDV + 16 * (t % nvt), LDV);
+        if (t < ntile) acc[i].store(vn_s + 16 * (rt0 + t / nvt) * LDV + 16 * (t % nvt), LDV);
     }
     __syncthreads();
     /* y = RMSNorm(o; onorm, eps) * sigmoid(G + g_bias), one warp per row */
-    for (int r = warp; r < n; r += KC_THREADS / 32) {
+    for (int r = rb0 + warp; r < min(rb1, n); r += KC_THREADS / 32) {
         const float *o = vn_s + r * LDV;
         float ss = 0.0f;
         for (int j = lane; j < V; j += 32) ss += o[j] * o[j];
@@ -1155,14 +1261,20 @@ template <typename Kern> static int smem_allow(Kern k, size_t bytes, size_t *all
 template <int MODE>
 static int run_chunk_stages(const kc_kda_chunk_args *a, const ChunkWs &w, int bv, int nbuf, cudaStream_t s)
 {
-    static size_t allow_intra = 0, allow_intra16 = 0, allow_recur = 0, allow_out = 0, allow_comb = 0;
+    static size_t allow_intra = 0, allow_intra16 = 0, allow_p1 = 0, allow_fin = 0, allow_recur = 0, allow_out = 0,
+                  allow_comb = 0;
     const int H = a->H, K = a->K, V = a->V, stop = a->debug_stop_after, split = w.seq_split > 1;
     const int maxc = w.max_chunks, ws = stop == 0 ? 1 : 0;
     const size_t sm_intra = (size_t)intra_smem_floats(K) * 4, sm_recur = (size_t)recur_smem_floats(K, bv, nbuf) * 4;
     const size_t sm_out = (size_t)out_smem_floats(K, V) * 4, sm_comb = (size_t)combine_smem_floats(K, bv) * 4;
     const bool bk16 = K < 32; /* the intra stage's K slice: 16 or 32 channels */
-    if (smem_allow(kc_chunk_intra_kernel<MODE, 32>, sm_intra, &allow_intra) ||
-        smem_allow(kc_chunk_intra_kernel<MODE, 16>, sm_intra, &allow_intra16) ||
+    /* the intra stage in two launches: where the workspace has the parts and the chunks are few */
+    const bool isplit = a->intra_split == 2 || (a->intra_split == 0 && K >= 64 && (long)maxc * H <= KC_ISPLIT_CHUNK_HEADS);
+    if (isplit && (K < 64 || maxc > w.ipart_chunks)) return -1;
+    if (smem_allow(kc_chunk_intra_kernel<MODE, 32, INTRA_FUSED>, sm_intra, &allow_intra) ||
+        smem_allow(kc_chunk_intra_kernel<MODE, 16, INTRA_FUSED>, sm_intra, &allow_intra16) ||
+        smem_allow(kc_chunk_intra_kernel<MODE, 32, INTRA_PASS1>, sm_intra, &allow_p1) ||
+        smem_allow(kc_chunk_intra_kernel<MODE, 32, INTRA_FINISH>, sm_intra, &allow_fin) ||
         smem_allow(kc_chunk_recur_kernel<MODE>, sm_recur, &allow_recur) ||
         smem_allow(kc_chunk_out_kernel<MODE>, sm_out, &allow_out) ||
         (split && smem_allow(kc_chunk_combine_kernel<MODE>, sm_comb, &allow_comb)))
@@ -1170,10 +1282,15 @@ static int run_chunk_stages(const kc_kda_chunk_args *a, const ChunkWs &w, int bv
     KC_CHUNK_LAUNCH("plan", kc_chunk_plan_kernel, dim3(1), dim3(1024), 0, s, *a, w);
     KC_CHUNK_LAUNCH("prep", kc_chunk_prep_kernel, dim3(maxc, H, 3), dim3(KC_PREP_THREADS), (size_t)KC_CH * K * 4, s, *a, w);
     if (stop == 1) return 0;
-    if (bk16)
-        KC_CHUNK_LAUNCH("intra", kc_chunk_intra_kernel<MODE, 16>, dim3(maxc, H), dim3(KC_THREADS), sm_intra, s, *a, w);
+    if (isplit) { /* K >= 64: 32-channel slices */
+        KC_CHUNK_LAUNCH("intra pass 1", kc_chunk_intra_kernel<MODE, 32, INTRA_PASS1>, dim3(maxc, H, K / 32), dim3(KC_THREADS),
+                        sm_intra, s, *a, w);
+        KC_CHUNK_LAUNCH("intra finish", kc_chunk_intra_kernel<MODE, 32, INTRA_FINISH>, dim3(maxc, H, (K + V) / 32),
+                        dim3(KC_THREADS), sm_intra, s, *a, w);
+    } else if (bk16)
+        KC_CHUNK_LAUNCH("intra", kc_chunk_intra_kernel<MODE, 16, INTRA_FUSED>, dim3(maxc, H), dim3(KC_THREADS), sm_intra, s, *a, w);
     else
-        KC_CHUNK_LAUNCH("intra", kc_chunk_intra_kernel<MODE, 32>, dim3(maxc, H), dim3(KC_THREADS), sm_intra, s, *a, w);
+        KC_CHUNK_LAUNCH("intra", kc_chunk_intra_kernel<MODE, 32, INTRA_FUSED>, dim3(maxc, H), dim3(KC_THREADS), sm_intra, s, *a, w);
     if (stop == 2) return 0;
     if (!split) {
         KC_CHUNK_LAUNCH("recur", kc_chunk_recur_kernel<MODE>, dim3(a->n_items, H, V / bv), dim3(KC_THREADS), sm_recur,
@@ -1187,7 +1304,10 @@ static int run_chunk_stages(const kc_kda_chunk_args *a, const ChunkWs &w, int bv
                         dim3(KC_THREADS), sm_recur, s, *a, w, bv, nbuf, 2, ws);
     }
     if (stop == 3) return 0;
-    KC_CHUNK_LAUNCH("out", kc_chunk_out_kernel<MODE>, dim3(maxc, H), dim3(KC_THREADS), sm_out, s, *a, w);
+    /* out's row split: the most blocks per chunk (4, 2, 1) that still fit one wave of 3 blocks per SM */
+    int rsplit = a->out_split;
+    if (!rsplit) rsplit = (long)maxc * H * 4 <= 3L * sm_count() ? 4 : (long)maxc * H * 2 <= 3L * sm_count() ? 2 : 1;
+    KC_CHUNK_LAUNCH("out", kc_chunk_out_kernel<MODE>, dim3(maxc, H, rsplit), dim3(KC_THREADS), sm_out, s, *a, w, rsplit);
     if (stop == 4) return 0;
     const int Cc = 2 * H * K + H * V;
     if (a->taps > 1) KC_CHUNK_LAUNCH("tail", kc_chunk_tail_kernel, dim3(a->n_items, (Cc + 255) / 256), dim3(256), 0, s, *a, w);
@@ -1209,6 +1329,8 @@ extern "C" int kc_kda_chunk(const kc_kda_chunk_args *a, cudaStream_t s)
     if (a->gemm < KC_KDA_GEMM_TF32 || a->gemm > KC_KDA_GEMM_SIMT || a->debug_stop_after < 0 || a->debug_stop_after > 4)
         return -1;
     if (a->seq_split < 0 || a->seq_split > KC_SEG_MAX || a->recur_buffers < 0 || a->recur_buffers > 2) return -1;
+    if (a->out_split != 0 && a->out_split != 1 && a->out_split != 2 && a->out_split != 4) return -1;
+    if (a->intra_split < 0 || a->intra_split > 2) return -1;
     const int split = a->seq_split > 1 ? a->seq_split : 0;
     kc_kda_chunk_layout L;
     kc_kda_chunk_layout_of(a->T, a->n_items, H, K, V, split, &L);
@@ -1252,6 +1374,8 @@ extern "C" int kc_kda_chunk(const kc_kda_chunk_args *a, cudaStream_t s)
     w.sc = (float *)(base + L.sc);
     w.segx = (float *)(base + L.segx);
     w.sstart = (float *)(base + L.sstart);
+    w.ipart = (float *)(base + L.ipart);
+    w.ipart_chunks = L.ipart_chunks;
     w.max_chunks = L.max_chunks;
     w.max_segs = L.max_segs;
     w.seq_split = split;
