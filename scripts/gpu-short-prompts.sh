@@ -2,8 +2,7 @@
 # Run ON THE GPU MACHINE (after scripts/gpu-prepare.sh here; carry
 # [".carry.tar.xz", ".whl"]): the chunked KDA forward on short and long prompts
 # (issues #12, #13, #17), ~4 minutes:
-#   1. test_kda_chunk (all cases) and compute-sanitizer memcheck / racecheck /
-#      synccheck on its small cases;
+#   1. test_kda_chunk (all cases);
 #   2. its benchmark at the prompt shapes of serving and prefill (per stage ms),
 #      and the same benchmark of an older build of the kernel when one was
 #      carried in .carry/old/test_kda_chunk (KDA_OLD_COMMIT names it): the A/B of
@@ -12,7 +11,9 @@
 #      reference and the fla fixtures);
 #   4. kda-cli bench on the 1.7B shape: B = 64 decode, prefill of short and long
 #      prompts, score 1 x 8192 and 4 x 8192, then again with --tuning prof=1 for
-#      the device-time shares.
+#      the device-time shares;
+#   5. compute-sanitizer memcheck / racecheck / synccheck on test_kda_chunk's
+#      small cases.
 # $OUT: short-summary.txt (every step's status and the figures), short-bench.txt
 # (the kernel benchmark, new then old), prefill.json, prefill-prof.json, logs.tgz.
 source "$(dirname "$0")/gpu-env.sh"
@@ -35,13 +36,6 @@ echo "commit $KDA_COMMIT" | tee -a "$S"
 gen=$!
 step test 180 "$LOG/kda_chunk_test.txt" "$T"
 grep -E "FAIL|test_kda_chunk:" "$LOG/kda_chunk_test.txt" | head -20 | tee -a "$S"
-for tool in memcheck racecheck synccheck; do
-  extra=""; [ $tool = racecheck ] && extra="--racecheck-report hazard"
-  [ $tool = memcheck ] && extra="--leak-check no"
-  step $tool 120 "$LOG/kda_chunk_$tool.txt" env KDA_CHUNK_TEST_QUICK=2 \
-    compute-sanitizer --tool $tool $extra --error-exitcode 3 "$T"
-  tail -2 "$LOG/kda_chunk_$tool.txt" | tee -a "$S"
-done
 R=$OUT/short-bench.txt
 echo "== kernel benchmark, this build ($KDA_COMMIT)" > "$R"
 step bench 150 "$LOG/bench_new.txt" env KDA_CHUNK_BENCH_BT="$SHAPES" KDA_CHUNK_BENCH_VARIANT=defaults "$T" --bench
@@ -62,6 +56,14 @@ step prefill 150 "$LOG/prefill.txt" $B/cli/kda-cli bench "$M17" $P --json "$OUT/
 grep -E "decode B|prefill|score" "$LOG/prefill.txt" | tee -a "$S"
 step prefill-prof 150 "$LOG/prefill_prof.txt" $B/cli/kda-cli bench "$M17" $P --tuning prof=1 --json "$OUT/prefill-prof.json"
 grep -E "prefill|score" "$LOG/prefill_prof.txt" | tee -a "$S"
+# the sanitizers last: their time is the instrumentation
+for tool in memcheck racecheck synccheck; do
+  extra=""; [ $tool = racecheck ] && extra="--racecheck-report hazard"
+  [ $tool = memcheck ] && extra="--leak-check no"
+  step $tool 90 "$LOG/kda_chunk_$tool.txt" env KDA_CHUNK_TEST_QUICK=2 \
+    compute-sanitizer --tool $tool $extra --error-exitcode 3 "$T"
+  tail -2 "$LOG/kda_chunk_$tool.txt" | tee -a "$S"
+done
 cp "$S" "$LOG/"
 tar czf "$OUT/logs.tgz" -C /tmp kda-logs
 exit $rc
