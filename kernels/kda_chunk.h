@@ -65,7 +65,7 @@ typedef struct {
                             * Needs kc_kda_chunk_workspace_split() bytes. 0 or 1: off */
     int intra_split;       /* intra stage in two launches (pass 1 per K slice, then the solve and W / U per
                             * slice): 0 = auto (K >= 64 and chunks x heads <= 256), 1 = off, 2 = on
-                            * (needs K >= 64 and chunks x heads <= 256, else -1) */
+                            * (needs K >= 64 and chunks x heads <= 512, else -1) */
     int out_split;         /* output stage: blocks per chunk, each with 64 / out_split of its rows:
                             * 0 = auto (4 or 2 while the blocks fit one wave, else 1), 1, 2 or 4 */
     int debug_stop_after;  /* tests: 1..4 runs stages 1..n only (plan+prep, intra, recurrence, output)

@@ -69,12 +69,13 @@ struct ChunkWs {
  * segments (1: not split), so every segment has >= KC_SEG_MIN chunks and all
  * items together need at most max_segs segment buffers (T / 224 + 2 covers
  * every packing of <= T rows: a split item has > 7 * 64 rows). */
-/* The intra stage in two launches (INTRA_PASS1, INTRA_FINISH below) while a
- * call has at most KC_ISPLIT_CHUNK_HEADS chunks x heads: then each head's
- * chunk runs on one SM of a mostly idle GPU, and the stage's length is one
- * block's serial chain. The workspace holds the slices' parts of L and Aqk
- * for that many (128 KiB each at K = 128). */
-#define KC_ISPLIT_CHUNK_HEADS 256
+/* The intra stage in two launches (INTRA_PASS1, INTRA_FINISH below) by
+ * default while a call has at most KC_ISPLIT_AUTO chunks x heads: then each
+ * head's chunk runs on one SM of a mostly idle GPU, and the stage's length is
+ * one block's serial chain. The workspace holds the slices' parts of L and
+ * Aqk for up to KC_ISPLIT_CHUNK_HEADS (128 KiB each at K = 128). */
+#define KC_ISPLIT_AUTO 256
+#define KC_ISPLIT_CHUNK_HEADS 512
 
 #define KC_SEG_MIN 4
 #define KC_SEG_MAX 16
@@ -1172,7 +1173,10 @@ __global__ void __launch_bounds__(KC_THREADS) kc_chunk_out_kernel(kc_kda_chunk_a
         const int t = warp + 8 * i;
         if (t < ntile) {
             const int mi = rt0 + t / nvt, ni = t % nvt;
-            acc[i].template mma<true, true>(aq_s + 16 * mi * KC_LDA, KC_LDA, vn_s + 16 * ni, LDV, rb1, false);
+            if (rsplit == 1) /* the constant depth unrolls (many chunks: this path's instruction count matters) */
+                acc[i].template mma<true, true>(aq_s + 16 * mi * KC_LDA, KC_LDA, vn_s + 16 * ni, LDV, KC_CH, false);
+            else
+                acc[i].template mma<true, true>(aq_s + 16 * mi * KC_LDA, KC_LDA, vn_s + 16 * ni, LDV, rb1, false);
         }
     }
     __syncthreads(); /* every product has read Vnew: O may take its place */
@@ -1269,7 +1273,7 @@ static int run_chunk_stages(const kc_kda_chunk_args *a, const ChunkWs &w, int bv
     const size_t sm_out = (size_t)out_smem_floats(K, V) * 4, sm_comb = (size_t)combine_smem_floats(K, bv) * 4;
     const bool bk16 = K < 32; /* the intra stage's K slice: 16 or 32 channels */
     /* the intra stage in two launches: where the workspace has the parts and the chunks are few */
-    const bool isplit = a->intra_split == 2 || (a->intra_split == 0 && K >= 64 && (long)maxc * H <= KC_ISPLIT_CHUNK_HEADS);
+    const bool isplit = a->intra_split == 2 || (a->intra_split == 0 && K >= 64 && (long)maxc * H <= KC_ISPLIT_AUTO);
     if (isplit && (K < 64 || maxc > w.ipart_chunks)) return -1;
     if (smem_allow(kc_chunk_intra_kernel<MODE, 32, INTRA_FUSED>, sm_intra, &allow_intra) ||
         smem_allow(kc_chunk_intra_kernel<MODE, 16, INTRA_FUSED>, sm_intra, &allow_intra16) ||

@@ -928,7 +928,8 @@ static int run_bench(void)
                    {"tf32 bv=64", {0, 64, 0, 0, 0, 0}},   {"tf32 buffers=1", {0, 0, 0, 1, 0, 0}}, {"tf32 buf=1 bv=32", {0, 32, 0, 1, 0, 0}},
                    {"tf32 split=2", {0, 0, 2, 0, 0, 0}},  {"tf32 split=4", {0, 0, 4, 0, 0, 0}}, {"tf32 split=8", {0, 0, 8, 0, 0, 0}},
                    {"tf32 split=4 buf=1", {0, 0, 4, 1, 0, 0}}, {"tf32 out_split=1", {0, 0, 0, 0, 1, 0}},
-                   {"tf32 out_split=4", {0, 0, 0, 0, 4, 0}}, {"tf32 intra_split=1", {0, 0, 0, 0, 0, 1}},
+                   {"tf32 out_split=2", {0, 0, 0, 0, 2, 0}}, {"tf32 out_split=4", {0, 0, 0, 0, 4, 0}},
+                   {"tf32 intra_split=1", {0, 0, 0, 0, 0, 1}},
                    {"tf32 intra_split=2", {0, 0, 0, 0, 0, 2}}, {"3xtf32", {1, 0, 0, 0, 0, 0}}, {"simt", {2, 0, 0, 0, 0, 0}}};
         for (int v = 0; v < (int)(sizeof var / sizeof var[0]); v++) {
             if (var[v].vr.gemm == 2 && s > 0) continue; /* the reference path: one point is enough */
