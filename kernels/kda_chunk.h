@@ -67,7 +67,7 @@ typedef struct {
                             * slice): 0 = auto (K >= 64 and chunks x heads <= 256), 1 = off, 2 = on
                             * (needs K >= 64 and chunks x heads <= 512, else -1) */
     int out_split;         /* output stage: blocks per chunk, each with 64 / out_split of its rows:
-                            * 0 = auto (4 or 2 while the blocks fit one wave, else 1), 1, 2 or 4 */
+                            * 0 = auto (4 or 2 while the grid stays within ~12 blocks per SM, else 1), 1, 2 or 4 */
     int debug_stop_after;  /* tests: 1..4 runs stages 1..n only (plan+prep, intra, recurrence, output)
                             * and leaves state, tail and (n < 4) y untouched; 0 = everything */
 } kc_kda_chunk_args;

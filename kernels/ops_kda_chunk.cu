@@ -1308,9 +1308,13 @@ static int run_chunk_stages(const kc_kda_chunk_args *a, const ChunkWs &w, int bv
                         dim3(KC_THREADS), sm_recur, s, *a, w, bv, nbuf, 2, ws);
     }
     if (stop == 3) return 0;
-    /* out's row split: the most blocks per chunk (4, 2, 1) that still fit one wave of 3 blocks per SM */
+    /* out's row split: the most blocks per chunk (4, 2, 1) that keep the grid within ~12 per SM.
+     * H200, H = 16 (bench variants, 9b9fb39): out+tail ms 8 x 128 (24 chunks in the table)
+     * 0.075 / 0.065 / 0.064 at 1 / 2 / 4, 1 x 1024 0.079 / 0.070 / 0.065, 16 x 128 (40)
+     * 0.109 / 0.106 / 0.119 */
     int rsplit = a->out_split;
-    if (!rsplit) rsplit = (long)maxc * H * 4 <= 3L * sm_count() ? 4 : (long)maxc * H * 2 <= 3L * sm_count() ? 2 : 1;
+    const long out_cap = 12L * sm_count();
+    if (!rsplit) rsplit = (long)maxc * H * 4 <= out_cap ? 4 : (long)maxc * H * 2 <= out_cap ? 2 : 1;
     KC_CHUNK_LAUNCH("out", kc_chunk_out_kernel<MODE>, dim3(maxc, H, rsplit), dim3(KC_THREADS), sm_out, s, *a, w, rsplit);
     if (stop == 4) return 0;
     const int Cc = 2 * H * K + H * V;
