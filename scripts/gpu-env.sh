@@ -24,3 +24,22 @@ M17=/tmp/kda-1.7b
 export KDA_LIB_PATH=$PWD/.carry/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export PYTHONUNBUFFERED=1
 ours() { env LD_LIBRARY_PATH="$KDA_LIB_PATH" KDA_SRC="$PWD" KDA_BUILD="$PWD/$B" "$@"; }
+# step NAME TIMEOUT LOG CMD...: runs CMD through ours under a timeout, output to
+# LOG, and appends "NAME: rc=R (S s)" to $S; a failure sets rc=1. The timeout is
+# cut to what is left of $STEP_BUDGET seconds of this script (when set: the
+# device call's limit is 10 minutes and the outputs must come back), and NAME
+# is skipped when it is one of the words of $STEP_SKIP.
+step() {
+  local name=$1 to=$2 log=$3; shift 3
+  case " ${STEP_SKIP:-} " in *" $name "*) echo "$name: skipped" | tee -a "$S"; return ;; esac
+  if [ -n "${STEP_BUDGET:-}" ]; then
+    local left=$((STEP_BUDGET - SECONDS - 15))
+    [ "$to" -le "$left" ] || to=$left
+    if [ "$to" -lt 20 ]; then echo "$name: skipped (time budget spent)" | tee -a "$S"; return; fi
+  fi
+  local t0=$SECONDS
+  ours timeout "$to" "$@" > "$log" 2>&1
+  local r=$?
+  [ $r = 0 ] || rc=1
+  echo "$name: rc=$r ($((SECONDS - t0)) s)$([ $r = 124 ] && echo ' TIMED OUT')" | tee -a "$S"
+}

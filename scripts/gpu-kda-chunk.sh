@@ -27,22 +27,10 @@ else
   T=$B/tests/kernels/test_kda_chunk
 fi
 rc=0
-skip() { case " ${KDA_CHUNK_GPU_SKIP:-} " in *" $1 "*) return 0 ;; esac; return 1; }
 # the device call's limit is 10 minutes: every step's timeout is cut to what is
-# left of KDA_CHUNK_GPU_BUDGET seconds, so the outputs always come back
-BUDGET=${KDA_CHUNK_GPU_BUDGET:-540}
-step() { # name timeout logfile cmd...
-  local name=$1 to=$2 log=$3; shift 3
-  if skip "$name"; then echo "$name: skipped" | tee -a "$S"; return; fi
-  local left=$((BUDGET - SECONDS - 15))
-  [ "$to" -le "$left" ] || to=$left
-  if [ "$to" -lt 20 ]; then echo "$name: skipped (time budget spent)" | tee -a "$S"; return; fi
-  local t0=$SECONDS
-  ours timeout "$to" "$@" > "$log" 2>&1
-  local r=$?
-  [ $r = 0 ] || rc=1
-  echo "$name: rc=$r ($((SECONDS - t0)) s)$([ $r = 124 ] && echo ' TIMED OUT')" | tee -a "$S"
-}
+# left of KDA_CHUNK_GPU_BUDGET seconds, so the outputs always come back (step: gpu-env.sh)
+STEP_BUDGET=${KDA_CHUNK_GPU_BUDGET:-540}
+STEP_SKIP=${KDA_CHUNK_GPU_SKIP:-}
 : > "$S"
 echo "commit $(cat .carry/commit 2>/dev/null || echo unknown)" | tee -a "$S"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | tee -a "$S"

@@ -22,14 +22,6 @@ S=$OUT/short-summary.txt
 T=$B/tests/kernels/test_kda_chunk
 SHAPES=${KDA_SHORT_SHAPES:-1:64,1:128,2:128,8:128,1:512,1:2048,8:2048,1:8192,4:8192}
 rc=0
-step() { # name timeout logfile cmd...
-  local name=$1 to=$2 log=$3; shift 3
-  local t0=$SECONDS
-  ours timeout "$to" "$@" > "$log" 2>&1
-  local r=$?
-  [ $r = 0 ] || rc=1
-  echo "$name: rc=$r ($((SECONDS - t0)) s)$([ $r = 124 ] && echo ' TIMED OUT')" | tee -a "$S"
-}
 : > "$S"
 echo "commit $KDA_COMMIT" | tee -a "$S"
 ( python3 scripts/gen_checkpoint.py "$M17" --preset 1.7b --tokenizer spm:.carry/llama2-tokenizer.model > "$LOG/gen.txt" 2>&1 ) &
