@@ -66,8 +66,6 @@ typedef struct {
     int intra_split;       /* intra stage in two launches (pass 1 per K slice, then the solve and W / U per
                             * slice): 0 = auto (K >= 64 and chunks x heads <= 256), 1 = off, 2 = on
                             * (needs K >= 64 and chunks x heads <= 512, else -1) */
-    int intra_bk;          /* the fused intra stage's K slice: 0 = auto (16 where its blocks exceed one wave
-                            * of three per SM, or K < 32; else 32), 16 (four blocks per SM) or 32 */
     int out_split;         /* output stage: blocks per chunk, each with 64 / out_split of its rows:
                             * 0 = auto (4 or 2 while the grid stays within ~12 blocks per SM, else 1), 1, 2 or 4 */
     int debug_stop_after;  /* tests: 1..4 runs stages 1..n only (plan+prep, intra, recurrence, output)

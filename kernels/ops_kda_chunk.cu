@@ -516,10 +516,9 @@ __global__ void __launch_bounds__(KC_PREP_THREADS, 2) kc_chunk_prep_kernel(kc_kd
 }
 
 /* ---- intra: block per (chunk, head) ----
- * Shared memory (floats), in two regions so that three blocks fit an SM
- * (BK = 32: 60 KiB) or four (BK = 16: 54 KiB, <= 64 registers):
+ * Shared memory (floats), in two regions so that three blocks fit an SM:
  *   Ai [64][68], beta [64];
- *   region Y, in turn: the k, q, Gam slices [64][BK+4] (BK = 16 or 32
+ *   region Y, in turn: the k, q, Gam slices [64][BK+4] (BK = min(K, 32)
  *   channels at a time) and scratch [112][BK+4] (the two factors of the
  *   off-diagonal sub-blocks; later the right-hand sides [64][BK+8]); after
  *   pass 1, L and Aqk [64][68] and the solve's products [768].
@@ -536,7 +535,10 @@ static __host__ __device__ int intra_region_y(int BK)
     const int a = 3 * KC_CH * (BK + 4) + 112 * (BK + 4), b = 2 * KC_CH * KC_LDA + 768;
     return a > b ? a : b;
 }
-static __host__ __device__ int intra_smem_floats(int BK) { return KC_CH * KC_LDA + KC_CH + intra_region_y(BK); }
+static __host__ __device__ int intra_smem_floats(int K)
+{
+    return KC_CH * KC_LDA + KC_CH + intra_region_y(K < 32 ? K : 32);
+}
 
 
 /* What an intra block does (the template's PART): the whole stage, or for
@@ -554,7 +556,7 @@ static __host__ __device__ int intra_smem_floats(int BK) { return KC_CH * KC_LDA
 enum { INTRA_FUSED, INTRA_PASS1, INTRA_FINISH };
 
 template <int MODE, int BK, int PART>
-__global__ void __launch_bounds__(KC_THREADS, MODE == KC_KDA_GEMM_TF32 ? (BK == 16 ? 4 : 3) : 1)
+__global__ void __launch_bounds__(KC_THREADS, MODE == KC_KDA_GEMM_TF32 ? 3 : 1)
     kc_chunk_intra_kernel(kc_kda_chunk_args a, ChunkWs w)
 {
     KC_PDL_WAIT();
@@ -1267,18 +1269,14 @@ static int run_chunk_stages(const kc_kda_chunk_args *a, const ChunkWs &w, int bv
                   allow_comb = 0;
     const int H = a->H, K = a->K, V = a->V, stop = a->debug_stop_after, split = w.seq_split > 1;
     const int maxc = w.max_chunks, ws = stop == 0 ? 1 : 0;
-    const size_t sm_intra = (size_t)intra_smem_floats(32) * 4, sm_intra16 = (size_t)intra_smem_floats(16) * 4;
-    const size_t sm_recur = (size_t)recur_smem_floats(K, bv, nbuf) * 4;
+    const size_t sm_intra = (size_t)intra_smem_floats(K) * 4, sm_recur = (size_t)recur_smem_floats(K, bv, nbuf) * 4;
     const size_t sm_out = (size_t)out_smem_floats(K, V) * 4, sm_comb = (size_t)combine_smem_floats(K, bv) * 4;
+    const bool bk16 = K < 32; /* the intra stage's K slice: 16 or 32 channels */
     /* the intra stage in two launches: where the workspace has the parts and the chunks are few */
     const bool isplit = a->intra_split == 2 || (a->intra_split == 0 && K >= 64 && (long)maxc * H <= KC_ISPLIT_AUTO);
     if (isplit && (K < 64 || maxc > w.ipart_chunks)) return -1;
-    /* the fused intra stage's K slice: 16 channels (four blocks per SM) where its blocks
-     * exceed one wave of three per SM, else 32. H200, H = 16: 1 x 2048 (512 blocks) left a
-     * second wave of 116 blocks at three per SM (ncu, 88e048b) */
-    const bool bk16 = a->intra_bk == 16 || (a->intra_bk == 0 && (K < 32 || (long)maxc * H > 3L * sm_count()));
     if (smem_allow(kc_chunk_intra_kernel<MODE, 32, INTRA_FUSED>, sm_intra, &allow_intra) ||
-        smem_allow(kc_chunk_intra_kernel<MODE, 16, INTRA_FUSED>, sm_intra16, &allow_intra16) ||
+        smem_allow(kc_chunk_intra_kernel<MODE, 16, INTRA_FUSED>, sm_intra, &allow_intra16) ||
         smem_allow(kc_chunk_intra_kernel<MODE, 32, INTRA_PASS1>, sm_intra, &allow_p1) ||
         smem_allow(kc_chunk_intra_kernel<MODE, 32, INTRA_FINISH>, sm_intra, &allow_fin) ||
         smem_allow(kc_chunk_recur_kernel<MODE>, sm_recur, &allow_recur) ||
@@ -1294,8 +1292,7 @@ static int run_chunk_stages(const kc_kda_chunk_args *a, const ChunkWs &w, int bv
         KC_CHUNK_LAUNCH("intra finish", kc_chunk_intra_kernel<MODE, 32, INTRA_FINISH>, dim3(maxc, H, (K + V) / 32),
                         dim3(KC_THREADS), sm_intra, s, *a, w);
     } else if (bk16)
-        KC_CHUNK_LAUNCH("intra", kc_chunk_intra_kernel<MODE, 16, INTRA_FUSED>, dim3(maxc, H), dim3(KC_THREADS), sm_intra16, s,
-                        *a, w);
+        KC_CHUNK_LAUNCH("intra", kc_chunk_intra_kernel<MODE, 16, INTRA_FUSED>, dim3(maxc, H), dim3(KC_THREADS), sm_intra, s, *a, w);
     else
         KC_CHUNK_LAUNCH("intra", kc_chunk_intra_kernel<MODE, 32, INTRA_FUSED>, dim3(maxc, H), dim3(KC_THREADS), sm_intra, s, *a, w);
     if (stop == 2) return 0;
@@ -1342,7 +1339,6 @@ extern "C" int kc_kda_chunk(const kc_kda_chunk_args *a, cudaStream_t s)
     if (a->seq_split < 0 || a->seq_split > KC_SEG_MAX || a->recur_buffers < 0 || a->recur_buffers > 2) return -1;
     if (a->out_split != 0 && a->out_split != 1 && a->out_split != 2 && a->out_split != 4) return -1;
     if (a->intra_split < 0 || a->intra_split > 2) return -1;
-    if ((a->intra_bk != 0 && a->intra_bk != 16 && a->intra_bk != 32) || (a->intra_bk == 32 && K < 32)) return -1;
     const int split = a->seq_split > 1 ? a->seq_split : 0;
     kc_kda_chunk_layout L;
     kc_kda_chunk_layout_of(a->T, a->n_items, H, K, V, split, &L);

@@ -40,9 +40,9 @@
 #include "kt_util.h"
 
 #define MAXI 64
-/* the kernels' switches (kc_kda_chunk_args.gemm, bv, seq_split, recur_buffers, out_split, intra_split, intra_bk) */
+/* the kernels' switches (kc_kda_chunk_args.gemm, bv, seq_split, recur_buffers, out_split, intra_split) */
 typedef struct {
-    int gemm, bv, split, nbuf, osplit, isplit, ibk;
+    int gemm, bv, split, nbuf, osplit, isplit;
 } variant;
 #define Y_TOL 5e-3 /* bf16 output against the fp32 reference */
 enum { GATE_NORMAL = 0, GATE_STRONG = 1, GATE_FACTORED = 2 };
@@ -241,7 +241,7 @@ static void fill_args(kc_kda_chunk_args *a, const prob *p, const dev_prob *d, in
     a->eps = p->eps, a->H = p->H, a->K = p->K, a->V = p->V, a->taps = p->taps;
     a->y = d->y, a->ldy = p->HV;
     a->work = d->work, a->work_bytes = d->work_bytes;
-    a->gemm = vr.gemm, a->bv = vr.bv, a->seq_split = vr.split, a->recur_buffers = vr.nbuf, a->out_split = vr.osplit, a->intra_split = vr.isplit, a->intra_bk = vr.ibk,
+    a->gemm = vr.gemm, a->bv = vr.bv, a->seq_split = vr.split, a->recur_buffers = vr.nbuf, a->out_split = vr.osplit, a->intra_split = vr.isplit,
     a->debug_stop_after = stop;
 }
 
@@ -604,9 +604,8 @@ static int run_case(const kcase *kc)
     for (int i = 0; i < n_items; i++) row0[i] = T, T += kc->ntok[i];
     char cs[96];
     snprintf(cs, sizeof cs, "%s", kc->name);
-    printf("case %s: H=%d K=%d V=%d taps=%d T=%d items=%d gemm=%d bv=%d split=%d buffers=%d out_split=%d intra_split=%d intra_bk=%d\n",
-           cs, H, K, V, kc->taps, T, n_items, kc->vr.gemm, kc->vr.bv, kc->vr.split, kc->vr.nbuf, kc->vr.osplit, kc->vr.isplit,
-           kc->vr.ibk);
+    printf("case %s: H=%d K=%d V=%d taps=%d T=%d items=%d gemm=%d bv=%d split=%d buffers=%d out_split=%d intra_split=%d\n", cs,
+           H, K, V, kc->taps, T, n_items, kc->vr.gemm, kc->vr.bv, kc->vr.split, kc->vr.nbuf, kc->vr.osplit, kc->vr.isplit);
     prob p;
     prob_init(&p, H, K, V, kc->taps, T, kc->n_slots, kc->gate);
     const int HV = p.HV;
@@ -736,12 +735,12 @@ static int run_bad_args(void)
     struct {
         const char *what;
         int expect;
-    } t[11] = {{"K = 48 unsupported", -5}, {"workspace too small", -1}, {"misaligned workspace", -1},
+    } t[10] = {{"K = 48 unsupported", -5}, {"workspace too small", -1}, {"misaligned workspace", -1},
               {"ldy too small", -1}, {"V = 2K at K = 128", -5}, {"seq_split = 17", -1},
               {"split, no split workspace", -1}, {"out_split = 3", -1}, {"intra_split = 3", -1},
-              {"intra_split = 2 at K = 16", -1}, {"intra_bk = 32 at K = 16", -1}};
-    for (int i = 0; i < 11; i++) {
-        fill_args(&a, &p, &d, 2, (variant){0, 0, 0, 0, 0, 0, 0}, 0);
+              {"intra_split = 2 at K = 16", -1}};
+    for (int i = 0; i < 10; i++) {
+        fill_args(&a, &p, &d, 2, (variant){0, 0, 0, 0, 0, 0}, 0);
         if (i == 0) a.K = 48;
         if (i == 1) a.work_bytes -= 256;
         if (i == 2) a.work = (char *)a.work + 16, a.work_bytes -= 16;
@@ -752,7 +751,6 @@ static int run_bad_args(void)
         if (i == 7) a.out_split = 3;
         if (i == 8) a.intra_split = 3;
         if (i == 9) a.intra_split = 2; /* the problem has K = 16: one slice */
-        if (i == 10) a.intra_bk = 32;
         const int rc = kc_kda_chunk(&a, 0);
         printf("  %-34s %-26s returned %d (expected %d): %s\n", "bad-args", t[i].what, rc, t[i].expect,
                rc == t[i].expect ? "ok" : "FAIL");
@@ -765,7 +763,7 @@ static int run_bad_args(void)
     printf("  %-34s %-26s %ld y values written: %s\n", "bad-args", "after the refused calls", touched, touched ? "FAIL" : "ok");
     if (touched) g_failed_checks++;
     /* the valid call: item 1 is out of range */
-    fill_args(&a, &p, &d, 2, (variant){0, 0, 0, 0, 0, 0, 0}, 0);
+    fill_args(&a, &p, &d, 2, (variant){0, 0, 0, 0, 0, 0}, 0);
     int rc = kc_kda_chunk(&a, 0);
     KT_CK(cudaDeviceSynchronize());
     kc_kda_chunk_layout L;
@@ -926,14 +924,13 @@ static int run_bench(void)
         const struct {
             const char *name;
             variant vr;
-        } var[] = {{"tf32 (defaults)", {0, 0, 0, 0, 0, 0, 0}}, {"tf32 bv=16", {0, 16, 0, 0, 0, 0, 0}}, {"tf32 bv=32", {0, 32, 0, 0, 0, 0, 0}},
-                   {"tf32 bv=64", {0, 64, 0, 0, 0, 0, 0}},   {"tf32 buffers=1", {0, 0, 0, 1, 0, 0, 0}}, {"tf32 buf=1 bv=32", {0, 32, 0, 1, 0, 0, 0}},
-                   {"tf32 split=2", {0, 0, 2, 0, 0, 0, 0}},  {"tf32 split=4", {0, 0, 4, 0, 0, 0, 0}}, {"tf32 split=8", {0, 0, 8, 0, 0, 0, 0}},
-                   {"tf32 split=4 buf=1", {0, 0, 4, 1, 0, 0, 0}}, {"tf32 out_split=1", {0, 0, 0, 0, 1, 0, 0}},
-                   {"tf32 out_split=2", {0, 0, 0, 0, 2, 0, 0}}, {"tf32 out_split=4", {0, 0, 0, 0, 4, 0, 0}},
-                   {"tf32 intra_split=1", {0, 0, 0, 0, 0, 1, 0}},
-                   {"tf32 intra_split=2", {0, 0, 0, 0, 0, 2, 0}}, {"tf32 intra_bk=16", {0, 0, 0, 0, 0, 1, 16}},
-                   {"tf32 intra_bk=32", {0, 0, 0, 0, 0, 1, 32}}, {"3xtf32", {1, 0, 0, 0, 0, 0, 0}}, {"simt", {2, 0, 0, 0, 0, 0, 0}}};
+        } var[] = {{"tf32 (defaults)", {0, 0, 0, 0, 0, 0}}, {"tf32 bv=16", {0, 16, 0, 0, 0, 0}}, {"tf32 bv=32", {0, 32, 0, 0, 0, 0}},
+                   {"tf32 bv=64", {0, 64, 0, 0, 0, 0}},   {"tf32 buffers=1", {0, 0, 0, 1, 0, 0}}, {"tf32 buf=1 bv=32", {0, 32, 0, 1, 0, 0}},
+                   {"tf32 split=2", {0, 0, 2, 0, 0, 0}},  {"tf32 split=4", {0, 0, 4, 0, 0, 0}}, {"tf32 split=8", {0, 0, 8, 0, 0, 0}},
+                   {"tf32 split=4 buf=1", {0, 0, 4, 1, 0, 0}}, {"tf32 out_split=1", {0, 0, 0, 0, 1, 0}},
+                   {"tf32 out_split=2", {0, 0, 0, 0, 2, 0}}, {"tf32 out_split=4", {0, 0, 0, 0, 4, 0}},
+                   {"tf32 intra_split=1", {0, 0, 0, 0, 0, 1}},
+                   {"tf32 intra_split=2", {0, 0, 0, 0, 0, 2}}, {"3xtf32", {1, 0, 0, 0, 0, 0}}, {"simt", {2, 0, 0, 0, 0, 0}}};
         for (int v = 0; v < (int)(sizeof var / sizeof var[0]); v++) {
             if (var[v].vr.gemm == 2 && s > 0) continue; /* the reference path: one point is enough */
             if (only_var && !name_in_list(var[v].name, only_var)) continue;
@@ -1027,7 +1024,7 @@ static void add_single(kcase *c, const char *name, int H, int K, int taps, int T
  * padding item, an empty one. */
 static int run_bf16_state(int H, int K, int V, int taps)
 {
-    const int ntok[] = {300, 1, 65, 0, 17, 0, 0}, slot[] = {2, 0, -1, 3, 1}, n_items = 5, n_slots = 4;
+    const int ntok[] = {300, 1, 65, 0, 17, 0}, slot[] = {2, 0, -1, 3, 1}, n_items = 5, n_slots = 4;
     int row0[5], T = 0;
     for (int i = 0; i < n_items; i++) row0[i] = T, T += ntok[i];
     prob p;
@@ -1100,12 +1097,12 @@ int main(int argc, char **argv)
             snprintf(names[n], sizeof names[n], "single K=16 T=%d", Ts[i]);
             add_single(&cs[n], names[n], 3, 16, 4, Ts[i], GATE_NORMAL, 0), n++;
         }
-        const int T64[] = {1, 17, 64, 65, 1000, 0, 0};
+        const int T64[] = {1, 17, 64, 65, 1000, 0};
         for (int i = 0; i < 5; i++) {
             snprintf(names[n], sizeof names[n], "single K=64 T=%d", T64[i]);
             add_single(&cs[n], names[n], 2, 64, 4, T64[i], GATE_NORMAL, 0), n++;
         }
-        const int T128[] = {1, 63, 65, 1000, 8192, 0, 0};
+        const int T128[] = {1, 63, 65, 1000, 8192, 0};
         for (int i = 0; i < 5; i++) {
             snprintf(names[n], sizeof names[n], "single K=128 T=%d", T128[i]);
             add_single(&cs[n], names[n], 2, 128, 4, T128[i], GATE_NORMAL, 0), n++;
@@ -1133,7 +1130,7 @@ int main(int argc, char **argv)
         kcase *c = &cs[n++];
         memset(c, 0, sizeof *c);
         c->name = "varlen K=128 H=4", c->H = 4, c->K = 128, c->V = 128, c->taps = 4, c->n_slots = 6;
-        const int nt[] = {700, 1, 65, 1200, 40, 2, 0};
+        const int nt[] = {700, 1, 65, 1200, 40, 2};
         const int sl[] = {5, 0, -1, 2, 3, -1};
         c->n_items = 6;
         memcpy(c->ntok, nt, sizeof nt), memcpy(c->slot, sl, sizeof sl);
@@ -1154,7 +1151,7 @@ int main(int argc, char **argv)
         c = &cs[n];
         add_single(c, "continue K=16 1+2+5+64+100+1", 2, 16, 4, 173, GATE_NORMAL, 0);
         c->pieces = 6;
-        const int pl[] = {1, 2, 5, 64, 100, 1, 0};
+        const int pl[] = {1, 2, 5, 64, 100, 1};
         memcpy(c->piece_len, pl, sizeof pl), n++;
     }
     /* against the per-token GPU kernel on the same inputs */
@@ -1208,16 +1205,6 @@ int main(int argc, char **argv)
         c = &cs[n];
         add_single(c, "intra_split=2 simt K=64 T=90", 2, 64, 4, 90, GATE_NORMAL, KC_KDA_GEMM_SIMT), c->vr.isplit = 2;
         c->small = 1, n++;
-        /* the fused intra stage with 16-channel slices (auto only on grids beyond a wave) */
-        c = &cs[n];
-        add_single(c, "intra_bk=16 K=128 T=140", 2, 128, 4, 140, GATE_NORMAL, 0), c->vr.isplit = 1, c->vr.ibk = 16;
-        c->small = 1, n++;
-        c = &cs[n];
-        add_single(c, "intra_bk=16 strong decay K=64 T=1000", 2, 64, 4, 1000, GATE_STRONG, 0), c->vr.isplit = 1;
-        c->vr.ibk = 16, n++;
-        c = &cs[n];
-        add_single(c, "intra_bk=16 3xtf32 K=128 T=300", 2, 128, 4, 300, GATE_NORMAL, KC_KDA_GEMM_3XTF32), c->vr.isplit = 1;
-        c->vr.ibk = 16, n++;
     }
     /* the sequence split: segments of >= 4 chunks, mixed with unsplit items */
     {
