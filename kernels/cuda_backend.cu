@@ -507,6 +507,20 @@ int cuda_backend_create(backend **out, const backend_params *p, char *err, size_
         goto fail;
     }
     if (b->tn.gemm_lt) tune_gemms(b);
+    if (b->fast_prefill && b->tn.gemm_pad) {
+        struct timespec t0, t1;
+        int n_shapes = 0;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        if (cu_prepare_prompt_gemms(b, &n_shapes)) {
+            rc = KDA_EDEVICE;
+            snprintf(err, errlen, "preparing the prompt-pass GEMMs failed: %s", cudaGetErrorString(cudaGetLastError()));
+            goto fail;
+        }
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        if (p->verbose)
+            fprintf(stderr, "cuda: prompt-pass GEMMs prepared at %d row counts in %.0f ms\n", n_shapes,
+                    (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) * 1e-6);
+    }
     if (b->tn.prof) { /* events cannot be timed inside graphs: profiled runs are eager */
         b->tn.graphs = 0;
         b->prof_ev = (cudaEvent_t *)calloc(CU_PROF_MAX, sizeof(cudaEvent_t));

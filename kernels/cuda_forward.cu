@@ -25,6 +25,21 @@ int cu_attn_split(const cuda_backend *b, int T)
     return split;
 }
 
+/* The rows a prompt pass's GEMMs run on (tuning gemm_pad): T rounded up to
+ * 64 (128 above 4096), at most PM (T <= PM). cuBLAS chooses its kernel on the
+ * first call of each new shape (~2 ms each on the H200: a fresh server's
+ * prompt pass took ~15 ms longer for every new 16-row bucket of T, H200
+ * 2026-12-01); with the rows rounded, a weight meets at most 64 + 32 shapes
+ * (PM = 8192), all prepared at load (cu_prepare_prompt_gemms), for at most
+ * 63 (127) rows of extra work. The inputs' rows T.. hold stale values and
+ * their outputs are never read: every GEMM row is independent of the others. */
+int cu_gemm_rows(const cuda_backend *b, int T)
+{
+    if (!b->tn.gemm_pad || T <= 0) return T;
+    const int g = T > 4096 ? 128 : 64, r = (T + g - 1) / g * g;
+    return r < b->d.PM ? r : b->d.PM;
+}
+
 /* kc_gemm through the tuned cublasLt plan when there is one */
 static int gemm(cuda_backend *b, float *y, int ldy, const uint16_t *x, int ldx, const uint16_t *W, int T, int N,
                 int K, float beta, cudaStream_t s)
@@ -34,6 +49,42 @@ static int gemm(cuda_backend *b, float *y, int ldy, const uint16_t *x, int ldx, 
         if (rc <= 0) return rc;
     }
     return kc_gemm(b->cublas, y, ldy, x, ldx, W, T, N, K, beta, s);
+}
+
+/* Every prompt-pass GEMM shape once, at load (the buffers' contents are
+ * whatever they hold: only the shapes matter). */
+int cu_prepare_prompt_gemms(cuda_backend *b, int *n_shapes)
+{
+    const cp_dims *d = &b->d;
+    const int D = d->D, F = d->F;
+    cudaStream_t s = b->st;
+    int n = 0;
+    for (int T = 1, prev = 0; T <= d->PM; T++) {
+        const int Tg = cu_gemm_rows(b, T);
+        if (Tg == prev) continue;
+        prev = Tg;
+        int done_kda = 0, done_gqa = 0;
+        for (int l = 0; l < d->L; l++) {
+            const int kda = b->c->kind[l] == KDA_LAYER_KDA;
+            if (kda ? done_kda : done_gqa) continue; /* the same shapes as an earlier layer */
+            (kda ? done_kda : done_gqa) = 1;
+            const cu_layer *w = &b->lw[l];
+            const int ycols = kda ? d->HV : d->Hq * d->hd;
+            if (gemm(b, b->proj, d->ldp, b->xn, D, w->w_mix, Tg, w->n_mix, D, 0.0f, s) ||
+                gemm(b, b->h, D, b->ybuf, ycols, w->w_o, Tg, D, ycols, 1.0f, s))
+                return -7;
+            if (kda && (gemm(b, b->lowrank, d->HK + d->HV, b->lowin, 2 * d->R, w->f1, Tg, d->HK, d->R, 0.0f, s) ||
+                        gemm(b, b->lowrank + d->HK, d->HK + d->HV, b->lowin + d->R, 2 * d->R, w->g1, Tg, d->HV, d->R,
+                             0.0f, s)))
+                return -7;
+        }
+        if (gemm(b, b->proj, 2 * F, b->xn, D, b->lw[0].w_gu, Tg, 2 * F, D, 0.0f, s) ||
+            gemm(b, b->h, D, b->act, F, b->lw[0].w_down, Tg, D, F, 1.0f, s))
+            return -7;
+        n++;
+    }
+    *n_shapes = n;
+    return cudaStreamSynchronize(s) == cudaSuccess ? 0 : -7;
 }
 
 /* rows [0, T) belong to items [0, n_items). Models with GVA, conv biases or
@@ -123,7 +174,7 @@ static int gqa_mixer(cuda_backend *b, const cu_layer *w, int T, int split, cudaS
 
 /* The MLP block on T rows: RMSNorm, gate|up GEMM (or the GEMV with the norm
  * in its prologue and SwiGLU in its epilogue), down projection added to h. */
-static int mlp_block(cuda_backend *b, const cu_layer *w, int T, int gemv, char *err, size_t errlen)
+static int mlp_block(cuda_backend *b, const cu_layer *w, int T, int Tg, int gemv, char *err, size_t errlen)
 {
     const int D = b->d.D, F = b->d.F;
     cudaStream_t s = b->st;
@@ -142,12 +193,12 @@ static int mlp_block(cuda_backend *b, const cu_layer *w, int T, int gemv, char *
     } else {
         KC_CHECK(kc_rmsnorm(b->xn, b->h, NULL, w->mlp_norm, T, D, b->eps, s));
         PROF(b, KDA_PROF_OTHER);
-        KC_CHECK(gemm(b, b->proj, 2 * F, b->xn, D, w->w_gu, T, 2 * F, D, 0.0f, s));
+        KC_CHECK(gemm(b, b->proj, 2 * F, b->xn, D, w->w_gu, Tg, 2 * F, D, 0.0f, s));
         PROF(b, KDA_PROF_GEMM);
         if (w->gu_bias) KC_CHECK(kc_add_bias(b->proj, 2 * F, w->gu_bias, T, 2 * F, s));
         KC_CHECK(kc_swiglu(b->act, b->proj, T, F, s));
         PROF(b, KDA_PROF_OTHER);
-        KC_CHECK(gemm(b, b->h, D, b->act, F, w->w_down, T, D, F, 1.0f, s));
+        KC_CHECK(gemm(b, b->h, D, b->act, F, w->w_down, Tg, D, F, 1.0f, s));
         if (w->down_bias) KC_CHECK(kc_add_bias(b->h, D, w->down_bias, T, D, s));
         PROF(b, KDA_PROF_GEMM);
     }
@@ -189,7 +240,7 @@ int cu_forward(cuda_backend *b, int T, int n_items, int split, char *err, size_t
             KC_CHECK(gemm(b, b->h, D, b->ybuf, ycols, w->w_o, T, D, ycols, 1.0f, s));
         if (w->o_bias) KC_CHECK(kc_add_bias(b->h, D, w->o_bias, T, D, s));
         PROF(b, KDA_PROF_GEMM);
-        int rc = mlp_block(b, w, T, gemv, err, errlen);
+        int rc = mlp_block(b, w, T, T, gemv, err, errlen);
         if (rc) return rc;
     }
     return 0;
@@ -223,11 +274,11 @@ static int kda_mixer_prefill(cuda_backend *b, const cu_layer *w, int T, int i0, 
     cudaStream_t s = b->st;
     /* the low-rank gate and output-gate inputs: f0 | g0 (adjacent columns of
      * proj) to bf16, then two tensor-core GEMMs into lowrank [T, HK + HV] */
-    const int lw = d->HK + d->HV;
+    const int lw = d->HK + d->HV, Tg = cu_gemm_rows(b, T);
     KC_CHECK(kc_cast_bf16(b->lowin, 2 * d->R, b->proj + d->kda_off_f0, d->ldp, T, 2 * d->R, s));
     PROF(b, KDA_PROF_KDA);
-    KC_CHECK(gemm(b, b->lowrank, lw, b->lowin, 2 * d->R, w->f1, T, d->HK, d->R, 0.0f, s));
-    KC_CHECK(gemm(b, b->lowrank + d->HK, lw, b->lowin + d->R, 2 * d->R, w->g1, T, d->HV, d->R, 0.0f, s));
+    KC_CHECK(gemm(b, b->lowrank, lw, b->lowin, 2 * d->R, w->f1, Tg, d->HK, d->R, 0.0f, s));
+    KC_CHECK(gemm(b, b->lowrank + d->HK, lw, b->lowin + d->R, 2 * d->R, w->g1, Tg, d->HV, d->R, 0.0f, s));
     PROF(b, KDA_PROF_GEMM);
     kc_kda_chunk_args a;
     memset(&a, 0, sizeof a);
@@ -290,7 +341,7 @@ static int gqa_mixer_prefill(cuda_backend *b, const cu_layer *w, int T, int n_de
 int cu_forward_prefill(cuda_backend *b, int T, int n_items, int n_dec, int max_ctx, char *err, size_t errlen)
 {
     const cp_dims *d = &b->d;
-    const int D = d->D;
+    const int D = d->D, Tg = cu_gemm_rows(b, T);
     cudaStream_t s = b->st;
     PROF(b, -1);
     KC_CHECK(kc_embed(b->h, b->embed, b->dm.tok_ids, T, D, s));
@@ -300,7 +351,7 @@ int cu_forward_prefill(cuda_backend *b, int T, int n_items, int n_dec, int max_c
         const cu_layer *w = &b->lw[l];
         KC_CHECK(kc_rmsnorm(b->xn, b->h, NULL, w->attn_norm, T, D, b->eps, s));
         PROF(b, KDA_PROF_OTHER);
-        KC_CHECK(gemm(b, b->proj, d->ldp, b->xn, D, w->w_mix, T, w->n_mix, D, 0.0f, s));
+        KC_CHECK(gemm(b, b->proj, d->ldp, b->xn, D, w->w_mix, Tg, w->n_mix, D, 0.0f, s));
         if (w->mix_bias) KC_CHECK(kc_add_bias(b->proj, d->ldp, w->mix_bias, T, w->n_mix, s));
         PROF(b, KDA_PROF_GEMM);
         const int kda = b->c->kind[l] == KDA_LAYER_KDA;
@@ -313,10 +364,10 @@ int cu_forward_prefill(cuda_backend *b, int T, int n_items, int n_dec, int max_c
         if (!kda) rc = gqa_mixer_prefill(b, w, T, n_dec, n_items, max_ctx, err, errlen);
         if (rc) return rc;
         const int ycols = kda ? d->HV : d->Hq * d->hd;
-        KC_CHECK(gemm(b, b->h, D, b->ybuf, ycols, w->w_o, T, D, ycols, 1.0f, s));
+        KC_CHECK(gemm(b, b->h, D, b->ybuf, ycols, w->w_o, Tg, D, ycols, 1.0f, s));
         if (w->o_bias) KC_CHECK(kc_add_bias(b->h, D, w->o_bias, T, D, s));
         PROF(b, KDA_PROF_GEMM);
-        if ((rc = mlp_block(b, w, T, 0, err, errlen))) return rc;
+        if ((rc = mlp_block(b, w, T, Tg, 0, err, errlen))) return rc;
     }
     return 0;
 }

@@ -151,6 +151,10 @@ int cu_forward(cuda_backend *b, int T, int n_items, int split, char *err, size_t
 /* the same through the prefill kernels (chunked KDA, prefill attention) */
 /* items [0, n_dec) of the pass are one-token items on rows [0, n_dec) */
 int cu_forward_prefill(cuda_backend *b, int T, int n_items, int n_dec, int max_ctx, char *err, size_t errlen);
+/* the GEMM rows of a prompt pass of T rows (tuning gemm_pad) */
+int cu_gemm_rows(const cuda_backend *b, int T);
+/* every prompt-pass GEMM shape once (load time); *n_shapes row counts; -7 on a device error */
+int cu_prepare_prompt_gemms(cuda_backend *b, int *n_shapes);
 /* final norm + lm-head of out rows [k0, k0 + n) into logits [n, vocab] (n <= TM) */
 int cu_logits(cuda_backend *b, int k0, int n, char *err, size_t errlen);
 /* cuda_step.cu */
