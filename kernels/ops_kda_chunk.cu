@@ -6,21 +6,24 @@
  *   plan   one block: the chunk table (item, chunk-in-item) of every 64-row
  *          chunk of every live item; items are packed without padding, so a
  *          chunk's rows are row0 + 64 c .. of its own item only.
- *   prep   block per (chunk, head, q|k|v): short conv + SiLU (the first
- *          taps-1 positions of an item read the slot's conv tail), L2 norms,
- *          q scale, gate gk = -exp(A_log) softplus(graw + dt_bias) and its
- *          cumulative sum Gam within the chunk, beta = sigmoid.
+ *   prep   block per (chunk, head, q|k|v), a channel's rows in 4-8 groups:
+ *          short conv + SiLU (the first taps-1 positions of an item read the
+ *          slot's conv tail), L2 norms, q scale, gate gk = -exp(A_log)
+ *          softplus(graw + dt_bias) and its cumulative sum Gam within the
+ *          chunk, beta = sigmoid.
  *   intra  block per (chunk, head): L and the masked q.k matrix, A = (I+L)^-1
  *          by blockwise forward substitution, W = A beta k exp(Gam),
- *          U = A beta v, qg = q exp(Gam), kg = k exp(Gam_last - Gam).
+ *          U = A beta v, qg = q exp(Gam), kg = k exp(Gam_last - Gam); for
+ *          few chunks in two launches (pass 1 per K slice, then the solve
+ *          and one K or value slice per block: intra_split).
  *   recur  block per (item, head, BV value columns): walks the item's chunks
  *          in order with its K x BV slice of the state in shared memory:
  *          Vnew = U - W S, S = exp(Gam_last) S + kg^T Vnew; stores the state
  *          at each chunk's start and Vnew, the final state to the slot.
  *          Value columns of the state are independent, so the BV split
  *          multiplies the parallelism of one long prompt by V / BV.
- *   out    block per (chunk, head): O = qg S_c + Aqk Vnew, then the gated
- *          output RMSNorm, bf16 out.
+ *   out    block per (chunk, head, row block of out_split): O = qg S_c +
+ *          Aqk Vnew, then the gated output RMSNorm, bf16 out.
  *   tail   block per item: the new conv tail (after prep, which read the old).
  * Sequence split (seq_split > 1), for long items when heads x V / BV blocks
  * leave SMs idle: an item's chunks form segments; one launch runs segment 0
@@ -396,6 +399,17 @@ static __device__ __forceinline__ float kc_fexp(float x)
 #endif
 }
 
+/* SiLU through __expf and __fdividef (for x < -88 the quotient is 0, as it
+ * should be to fp32); the emulator divides exactly */
+static __device__ __forceinline__ float silu_fast(float x)
+{
+#if defined(__CUDA_ARCH__)
+    return __fdividef(x, 1.0f + __expf(-x));
+#else
+    return x / (1.0f + expf(-x));
+#endif
+}
+
 /* ---- prep: block per (chunk, head, part) with part 0 = q, 1 = k, 2 = v ----
  * Thread (group gq, channel ch) computes rows gq RPG .. (gq + 1) RPG - 1 of
  * channel ch: G = min(8, 512 / width) row groups of RPG = 64 / G rows, so
@@ -409,17 +423,6 @@ static __device__ __forceinline__ float kc_fexp(float x)
  * rows, then adds the totals of the groups before it, left to right, so the
  * first row of a group gets exactly the last row's Gam of the group before
  * plus its own (non-positive) term and Gam stays non-increasing in fp32. */
-/* SiLU through __expf and __fdividef (for x < -88 the quotient is 0, as it
- * should be to fp32); the emulator divides exactly */
-static __device__ __forceinline__ float silu_fast(float x)
-{
-#if defined(__CUDA_ARCH__)
-    return __fdividef(x, 1.0f + __expf(-x));
-#else
-    return x / (1.0f + expf(-x));
-#endif
-}
-
 __global__ void __launch_bounds__(KC_PREP_THREADS, 2) kc_chunk_prep_kernel(kc_kda_chunk_args a, ChunkWs w)
 {
     KC_PDL_WAIT();
