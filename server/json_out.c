@@ -129,16 +129,7 @@ void json_text(json_buf *b, const char *s, size_t n)
             p++;
             continue;
         }
-        int len = utf8_sequence_len(p, end);
-        if (len) {
-            memcpy(o, p, (size_t)len);
-            o += len;
-            p += len;
-        } else {
-            memcpy(o, "\xEF\xBF\xBD", 3);
-            o += 3;
-            p++;
-        }
+        o = utf8_put_clean(o, &p, end);
     }
     *o++ = '"';
     *o = '\0';

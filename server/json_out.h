@@ -19,6 +19,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 typedef struct {
     char *p;          /* NUL-terminated once anything was written */
@@ -39,6 +40,21 @@ void json_text(json_buf *b, const char *s, size_t n);
 /* The length of the well-formed UTF-8 sequence (no NUL, no surrogate, no overlong
  * form) at p, or 0 when the byte at p starts none. */
 int utf8_sequence_len(const unsigned char *p, const unsigned char *end);
+/* Copies the well-formed sequence at *p to o, or writes U+FFFD for the one
+ * byte that starts none; advances *p past what it read and returns the end of
+ * what it wrote (at most 4 bytes). */
+static inline char *utf8_put_clean(char *o, const unsigned char **p, const unsigned char *end)
+{
+    const int len = utf8_sequence_len(*p, end);
+    if (!len) {
+        memcpy(o, "\xEF\xBF\xBD", 3);
+        *p += 1;
+        return o + 3;
+    }
+    memcpy(o, *p, (size_t)len);
+    *p += len;
+    return o + len;
+}
 /* Every digit; the bytes cJSON prints for (double)v when |v| < 10^15. */
 void json_int(json_buf *b, int64_t v);
 /* A double as cJSON prints it. */

@@ -1,7 +1,7 @@
 /* json_text.c - see json_text.h. */
 #include "json_text.h"
 
-#include "json_out.h" /* utf8_sequence_len */
+#include "json_out.h" /* utf8_sequence_len, utf8_put_clean */
 
 #include <stdlib.h>
 #include <string.h>
@@ -11,18 +11,7 @@ char *utf8_clean(const char *s, size_t n)
     char *out = malloc(n * 3 + 1), *o = out;
     if (!out) return NULL;
     const unsigned char *p = (const unsigned char *)s, *end = p + n;
-    while (p < end) {
-        int len = utf8_sequence_len(p, end);
-        if (len) {
-            memcpy(o, p, (size_t)len);
-            o += len;
-            p += len;
-        } else {
-            memcpy(o, "\xEF\xBF\xBD", 3);
-            o += 3;
-            p++;
-        }
-    }
+    while (p < end) o = utf8_put_clean(o, &p, end);
     *o = '\0';
     return out;
 }
