@@ -274,6 +274,58 @@ template <int N> static __device__ __forceinline__ void cp_async_wait()
 #endif
 }
 
+/* mma.sync m16n8k8 with tf32 operands and fp32 accumulation, for the
+ * recurrence, which keeps its state in the accumulators. Lane l = 4 g + t
+ * holds A(g, t), A(g + 8, t), A(g, t + 4), A(g + 8, t + 4); B(t, g),
+ * B(t + 4, g); C(g, 2t), C(g, 2t + 1), C(g + 8, 2t), C(g + 8, 2t + 1)
+ * (PTX ISA, "Matrix fragments for mma.m16n8k8", .tf32). Operands are tf32
+ * bit patterns, rounded as cvt.rna.tf32.f32 does (ties away from zero). */
+static __device__ __forceinline__ uint32_t tf32_round(float x)
+{
+#if defined(__CUDA_ARCH__)
+    uint32_t r;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+    return r;
+#else
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7f800000u) != 0x7f800000u) u = (u + 0x1000u) & 0xffffe000u;
+    return u;
+#endif
+}
+static __device__ __forceinline__ float bits_f32(uint32_t u)
+{
+#if defined(__CUDA_ARCH__)
+    return __uint_as_float(u);
+#else
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+#endif
+}
+static __device__ __forceinline__ uint32_t f32_bits(float x)
+{
+#if defined(__CUDA_ARCH__)
+    return __float_as_uint(x);
+#else
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    return u;
+#endif
+}
+/* c += A B (warp-collective) */
+static __device__ __forceinline__ void mma_tf32_16x8x8(float c[4], const uint32_t a[4], const uint32_t b[2])
+{
+#if defined(__CUDA_ARCH__)
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#elif defined(KC_EMU)
+    kc_emu_mma_m16n8k8(c, a, b);
+#endif
+}
+
 /* the block's dynamic shared memory (the emulator supplies its own) */
 #ifndef KC_DYNAMIC_SMEM
 #define KC_DYNAMIC_SMEM(name) extern __shared__ __align__(128) float name[]
@@ -914,6 +966,140 @@ static __host__ __device__ int recur_smem_floats(int K, int BV, int nbuf)
     return (K + KC_CH) * LDV + nbuf * (KC_CH * (K + 4) + KC_CH * (K + 8) + KC_CH * LDV + K);
 }
 
+/* The chunk walk of the tf32 recurrence on mma.sync, the state in registers:
+ * warp w holds S's row tile w / swp (16 rows) and sncw of its 8-column
+ * tiles as fp32 accumulators for the whole walk, and a tf32 copy in X_s is
+ * the B operand of Vnew = U - W X. Per chunk: Vnew (warp w: row tile w % 4,
+ * half the column tiles) from W and X_s; Vnew to Vn_s (tf32, the B operand
+ * of the update) and to the workspace (fp32); the chunk's start state from
+ * the registers to the workspace; X = diag(exp(Gam_last)) X + kg^T Vnew in
+ * the registers, then its tf32 copy to X_s. On entry X_s holds the start
+ * state (fp32), on exit the final state (fp32). The operands are the tf32
+ * roundings the wmma path makes, so the two agree to accumulation order. */
+template <class Issue>
+static __device__ __forceinline__ void recur_chunks_mma(const kc_kda_chunk_args &a, const ChunkWs &w, const RecurJob &jb,
+                                                        int BV, int nbuf, float *X_s, float *Vn_s, float *buf0,
+                                                        int bufsz, Issue &issue)
+{
+    const int item = blockIdx.x, h = blockIdx.y;
+    const int gc0 = w.item_chunk0[item], irow0 = a.item_row0[item], nt = a.item_ntok[item];
+    const int H = a.H, K = a.K, V = a.V, LDK = K + 4, LDG = K + 8, LDV = recur_ldv(BV);
+    const size_t T = a.T;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int RT = K >> 4, CT = BV >> 3;              /* 16-row and 8-column tiles of the state */
+    const int swp = min(8 / RT, CT), sncw = CT / swp; /* warps per row tile, column tiles per warp (<= 8) */
+    const bool s_on = warp < RT * swp;
+    const int srt = warp / swp, sct0 = (warp % swp) * sncw;
+    const int vmi = warp & 3, vnc = CT >> 1, vct0 = (warp >> 2) * vnc; /* Vnew: 4 row tiles x CT */
+    float sacc[8][4];
+    __syncthreads(); /* X_s holds the start state */
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+        if (s_on && j < sncw)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                float *p = X_s + (16 * srt + g + 8 * (i >> 1)) * LDV + 8 * (sct0 + j) + 2 * t + (i & 1);
+                sacc[j][i] = *p;
+                *p = bits_f32(tf32_round(sacc[j][i])); /* this lane's own elements */
+            }
+    issue(jb.c0, 0);
+    cp_async_commit();
+    for (int ci = jb.c0; ci < jb.c1; ci++) {
+        int b = 0;
+        if (nbuf == 2) {
+            b = (ci - jb.c0) & 1;
+            if (ci + 1 < jb.c1) issue(ci + 1, b ^ 1);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            if (ci > jb.c0) issue(ci, 0), cp_async_commit();
+            cp_async_wait<0>();
+        }
+        __syncthreads(); /* everyone's copies, and X_s from the previous chunk */
+        const float *Wb = buf0 + b * bufsz, *kgb = Wb + KC_CH * LDK, *Ub = kgb + KC_CH * LDG, *egb = Ub + KC_CH * LDV;
+        const int n = min(KC_CH, nt - KC_CH * ci), row0 = irow0 + KC_CH * ci;
+        /* W X for this warp's Vnew tiles */
+        float vacc[4][4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) vacc[j][0] = vacc[j][1] = vacc[j][2] = vacc[j][3] = 0.0f;
+#pragma unroll 4
+        for (int k0 = 0; k0 < K; k0 += 8) {
+            const float *Wr = Wb + (16 * vmi + g) * LDK + k0 + t;
+            const uint32_t af[4] = {tf32_round(Wr[0]), tf32_round(Wr[8 * LDK]), tf32_round(Wr[4]), tf32_round(Wr[8 * LDK + 4])};
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                if (j < vnc) {
+                    const float *Xr = X_s + (k0 + t) * LDV + 8 * (vct0 + j) + g;
+                    const uint32_t bf[2] = {f32_bits(Xr[0]), f32_bits(Xr[4 * LDV])};
+                    mma_tf32_16x8x8(vacc[j], af, bf);
+                }
+        }
+        /* Vnew = U - W X: to Vn_s (tf32) and, for the output stage, over U in the workspace */
+        float *vng = w.v + ((size_t)h * T + row0) * V + jb.vcol;
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            if (j < vnc)
+#pragma unroll
+                for (int hf = 0; hf < 2; hf++) {
+                    const int r = 16 * vmi + g + 8 * hf, c = 8 * (vct0 + j) + 2 * t;
+                    const float2 u = *(const float2 *)(Ub + r * LDV + c);
+                    const float2 vn = make_float2(u.x - vacc[j][2 * hf], u.y - vacc[j][2 * hf + 1]);
+                    *(float2 *)(Vn_s + r * LDV + c) = make_float2(bits_f32(tf32_round(vn.x)), bits_f32(tf32_round(vn.y)));
+                    if (jb.out && r < n) *(float2 *)(vng + (size_t)r * V + c) = vn;
+                }
+        if (jb.out && s_on) { /* the state at the chunk's start, for the output stage */
+            float *scg = w.sc + ((size_t)(gc0 + ci) * H + h) * K * V + jb.vcol;
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                if (j < sncw)
+#pragma unroll
+                    for (int hf = 0; hf < 2; hf++) {
+                        const int r = 16 * srt + g + 8 * hf, c = 8 * (sct0 + j) + 2 * t;
+                        *(float2 *)(scg + (size_t)r * V + c) = make_float2(sacc[j][2 * hf], sacc[j][2 * hf + 1]);
+                    }
+        }
+        __syncthreads(); /* Vn_s complete; X_s no longer read */
+        if (s_on) {
+            const float e0 = egb[16 * srt + g], e1 = egb[16 * srt + g + 8];
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                if (j < sncw) sacc[j][0] *= e0, sacc[j][1] *= e0, sacc[j][2] *= e1, sacc[j][3] *= e1;
+#pragma unroll
+            for (int k0 = 0; k0 < KC_CH; k0 += 8) {
+                const float *kr = kgb + (k0 + t) * LDG + 16 * srt + g;
+                const uint32_t af[4] = {tf32_round(kr[0]), tf32_round(kr[8]), tf32_round(kr[4 * LDG]), tf32_round(kr[4 * LDG + 8])};
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+                    if (j < sncw) {
+                        const float *Vr = Vn_s + (k0 + t) * LDV + 8 * (sct0 + j) + g;
+                        const uint32_t bf[2] = {f32_bits(Vr[0]), f32_bits(Vr[4 * LDV])};
+                        mma_tf32_16x8x8(sacc[j], af, bf);
+                    }
+            }
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                if (j < sncw)
+#pragma unroll
+                    for (int hf = 0; hf < 2; hf++) {
+                        const int r = 16 * srt + g + 8 * hf, c = 8 * (sct0 + j) + 2 * t;
+                        *(float2 *)(X_s + r * LDV + c) =
+                            make_float2(bits_f32(tf32_round(sacc[j][2 * hf])), bits_f32(tf32_round(sacc[j][2 * hf + 1])));
+                    }
+        }
+        __syncthreads(); /* before the next chunk reuses the buffer, Vn_s and X_s */
+    }
+    cp_async_wait<0>();
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+        if (s_on && j < sncw)
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++) {
+                const int r = 16 * srt + g + 8 * hf, c = 8 * (sct0 + j) + 2 * t;
+                *(float2 *)(X_s + r * LDV + c) = make_float2(sacc[j][2 * hf], sacc[j][2 * hf + 1]);
+            }
+    __syncthreads(); /* the final state in X_s for the stores after the walk */
+}
+
 template <int MODE>
 __global__ void __launch_bounds__(KC_THREADS) kc_chunk_recur_kernel(kc_kda_chunk_args a, ChunkWs w, int BV, int nbuf,
                                                                      int phase, int write_state)
@@ -966,54 +1152,58 @@ __global__ void __launch_bounds__(KC_THREADS) kc_chunk_recur_kernel(kc_kda_chunk
         else if (jb.start == RJ_IDENT) x = d == jb.mcol + c ? 1.0f : 0.0f;
         S_s[d * LDV + c] = x;
     }
-    issue(jb.c0, 0);
-    cp_async_commit();
-    const int nvt = BV / 16;
-    for (int ci = jb.c0; ci < jb.c1; ci++) {
-        int b = 0;
-        if (nbuf == 2) {
-            b = (ci - jb.c0) & 1;
-            if (ci + 1 < jb.c1) issue(ci + 1, b ^ 1);
-            cp_async_commit();
-            cp_async_wait<1>(); /* this thread's copies of chunk ci have landed */
-        } else {
-            if (ci > jb.c0) issue(ci, 0), cp_async_commit();
-            cp_async_wait<0>();
+    if constexpr (MODE == KC_KDA_GEMM_TF32) {
+        recur_chunks_mma(a, w, jb, BV, nbuf, S_s, Vn_s, buf0, bufsz, issue);
+    } else {
+        issue(jb.c0, 0);
+        cp_async_commit();
+        const int nvt = BV / 16;
+        for (int ci = jb.c0; ci < jb.c1; ci++) {
+            int b = 0;
+            if (nbuf == 2) {
+                b = (ci - jb.c0) & 1;
+                if (ci + 1 < jb.c1) issue(ci + 1, b ^ 1);
+                cp_async_commit();
+                cp_async_wait<1>(); /* this thread's copies of chunk ci have landed */
+            } else {
+                if (ci > jb.c0) issue(ci, 0), cp_async_commit();
+                cp_async_wait<0>();
+            }
+            __syncthreads(); /* everyone's copies, and X from the previous chunk */
+            const float *Wb = buf0 + b * bufsz, *kgb = Wb + KC_CH * LDK, *Ub = kgb + KC_CH * LDG, *egb = Ub + KC_CH * LDV;
+            const int n = min(KC_CH, nt - KC_CH * ci), row0 = irow0 + KC_CH * ci;
+            if (jb.out) { /* the state at the chunk's start, for the output stage */
+                float *scg = w.sc + ((size_t)(gc0 + ci) * H + h) * K * V + jb.vcol;
+                for (int e = tid; e < K * BV; e += KC_THREADS) scg[(size_t)(e >> bsh) * V + (e & (BV - 1))] = S_s[(e >> bsh) * LDV + (e & (BV - 1))];
+            }
+            /* Vnew = U - W X */
+            for (int t = warp; t < 4 * nvt; t += KC_THREADS / 32) {
+                const int mi = t / nvt, ni = t % nvt;
+                Acc<MODE> acc;
+                acc.load(Ub + 16 * mi * LDV + 16 * ni, LDV);
+                acc.template mma<true, true>(Wb + 16 * mi * LDK, LDK, S_s + 16 * ni, LDV, K, true);
+                acc.store(Vn_s + 16 * mi * LDV + 16 * ni, LDV);
+            }
+            __syncthreads(); /* Vnew complete; X no longer read */
+            if (jb.out) { /* in place of U (already in shared memory) */
+                float *vng = w.v + ((size_t)h * T + row0) * V + jb.vcol;
+                for (int e = tid; e < n * BV; e += KC_THREADS) vng[(size_t)(e >> bsh) * V + (e & (BV - 1))] = Vn_s[(e >> bsh) * LDV + (e & (BV - 1))];
+            }
+            /* X = diag(exp(Gam_last)) X + kg^T Vnew; each warp scales its own tiles */
+            for (int t = warp; t < (K / 16) * nvt; t += KC_THREADS / 32) {
+                const int mi = t / nvt, ni = t % nvt;
+                float *St = S_s + 16 * mi * LDV + 16 * ni;
+                for (int e = lane; e < 256; e += 32) St[(e >> 4) * LDV + (e & 15)] *= egb[16 * mi + (e >> 4)];
+                __syncwarp();
+                Acc<MODE> acc;
+                acc.load(St, LDV);
+                acc.template mma<false, true>(kgb + 16 * mi, LDG, Vn_s + 16 * ni, LDV, KC_CH, false);
+                acc.store(St, LDV);
+            }
+            __syncthreads(); /* before the next chunk reuses the buffer, Vnew and X */
         }
-        __syncthreads(); /* everyone's copies, and X from the previous chunk */
-        const float *Wb = buf0 + b * bufsz, *kgb = Wb + KC_CH * LDK, *Ub = kgb + KC_CH * LDG, *egb = Ub + KC_CH * LDV;
-        const int n = min(KC_CH, nt - KC_CH * ci), row0 = irow0 + KC_CH * ci;
-        if (jb.out) { /* the state at the chunk's start, for the output stage */
-            float *scg = w.sc + ((size_t)(gc0 + ci) * H + h) * K * V + jb.vcol;
-            for (int e = tid; e < K * BV; e += KC_THREADS) scg[(size_t)(e >> bsh) * V + (e & (BV - 1))] = S_s[(e >> bsh) * LDV + (e & (BV - 1))];
-        }
-        /* Vnew = U - W X */
-        for (int t = warp; t < 4 * nvt; t += KC_THREADS / 32) {
-            const int mi = t / nvt, ni = t % nvt;
-            Acc<MODE> acc;
-            acc.load(Ub + 16 * mi * LDV + 16 * ni, LDV);
-            acc.template mma<true, true>(Wb + 16 * mi * LDK, LDK, S_s + 16 * ni, LDV, K, true);
-            acc.store(Vn_s + 16 * mi * LDV + 16 * ni, LDV);
-        }
-        __syncthreads(); /* Vnew complete; X no longer read */
-        if (jb.out) { /* in place of U (already in shared memory) */
-            float *vng = w.v + ((size_t)h * T + row0) * V + jb.vcol;
-            for (int e = tid; e < n * BV; e += KC_THREADS) vng[(size_t)(e >> bsh) * V + (e & (BV - 1))] = Vn_s[(e >> bsh) * LDV + (e & (BV - 1))];
-        }
-        /* X = diag(exp(Gam_last)) X + kg^T Vnew; each warp scales its own tiles */
-        for (int t = warp; t < (K / 16) * nvt; t += KC_THREADS / 32) {
-            const int mi = t / nvt, ni = t % nvt;
-            float *St = S_s + 16 * mi * LDV + 16 * ni;
-            for (int e = lane; e < 256; e += 32) St[(e >> 4) * LDV + (e & 15)] *= egb[16 * mi + (e >> 4)];
-            __syncwarp();
-            Acc<MODE> acc;
-            acc.load(St, LDV);
-            acc.template mma<false, true>(kgb + 16 * mi, LDG, Vn_s + 16 * ni, LDV, KC_CH, false);
-            acc.store(St, LDV);
-        }
-        __syncthreads(); /* before the next chunk reuses the buffer, Vnew and X */
+        cp_async_wait<0>();
     }
-    cp_async_wait<0>();
     if (jb.end == RJ_END_SLOT && a.state_bf16)
         for (int e = tid; e < K * BV; e += KC_THREADS)
             ((bf16 *)Sb)[(size_t)(e >> bsh) * V + (e & (BV - 1))] = f2bf(S_s[(e >> bsh) * LDV + (e & (BV - 1))]);
@@ -1346,11 +1536,18 @@ extern "C" int kc_kda_chunk(const kc_kda_chunk_args *a, cudaStream_t s)
     kc_kda_chunk_layout L;
     kc_kda_chunk_layout_of(a->T, a->n_items, H, K, V, split, &L);
     if (a->work_bytes < L.bytes || ((uintptr_t)a->work & 255)) return -1;
-    /* value block: the widest that still gives every SM a block */
+    /* value block: the widest that still gives every SM a block; for a large
+     * call (>= 8192 rows) 64 once the blocks cover 7/8 of the SMs: each block
+     * of a head loads the same W and kg per chunk, and those loads, not the
+     * products, bound the mma.sync recurrence there. H200, H = 16 (bench
+     * variants at the mma.sync recurrence): 8 x 2048 (256 blocks of 64 or 512
+     * of 32) 2.67 vs 2.95 ms per layer call, 4 x 8192 (128 vs 256) 5.16 vs
+     * 5.73; 1 x 8192 (32 blocks of 64) 2.23 vs 1.70 at 16, so no. */
     int bv = a->bv;
     if (bv == 0) {
-        const long heads = (long)a->n_items * H;
-        bv = V >= 64 && heads * (V / 64) >= 2L * sm_count() ? 64 : V >= 32 && heads * (V / 32) >= sm_count() ? 32 : 16;
+        const long heads = (long)a->n_items * H, sms = sm_count();
+        const bool big = a->T >= 8192 && V >= 64 && heads * (V / 64) >= sms - sms / 8;
+        bv = big || (V >= 64 && heads * (V / 64) >= 2L * sms) ? 64 : V >= 32 && heads * (V / 32) >= sms ? 32 : 16;
     }
     if (bv != 16 && bv != 32 && bv != 64) return -1;
     if (!a->bv && split)

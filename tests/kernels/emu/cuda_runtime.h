@@ -138,5 +138,10 @@ void kc_emu_cp_async_wait(int n);
 /* D = A B + C for one warp: the first lane to arrive computes, the others
  * copy (and check that their operands are the same as that lane's) */
 void kc_emu_mma(float *d, const float *a, const float *b, const float *c, int M, int N, int K);
+/* mma.sync.m16n8k8 .tf32 for one warp in the PTX fragment layout (lane
+ * 4 g + t holds A(g|g+8, t|t+4), B(t|t+4, g), C(g|g+8, 2t|2t+1)): every
+ * lane deposits its fragments, then computes its own four outputs; a, b are
+ * tf32 bit patterns (their low 13 bits are ignored, as on the device) */
+void kc_emu_mma_m16n8k8(float c[4], const uint32_t a[4], const uint32_t b[2]);
 
 #endif

@@ -224,6 +224,27 @@ void __syncthreads() { yield_as(AT_BLOCK); }
 void __syncwarp(unsigned) { yield_as(AT_WARP); }
 void kc_emu_warp_barrier() { yield_as(AT_WARP); }
 int kc_emu_lane() { return cur & 31; }
+void kc_emu_mma_m16n8k8(float c[4], const uint32_t a[4], const uint32_t b[2])
+{
+    static float A[32][16][8], B[32][8][8]; /* per warp, as xchg */
+    const int w = cur >> 5, l = cur & 31, g = l >> 2, t = l & 3;
+    auto val = [](uint32_t u) {
+        u &= 0xffffe000u;
+        float x;
+        memcpy(&x, &u, 4);
+        return x;
+    };
+    A[w][g][t] = val(a[0]), A[w][g + 8][t] = val(a[1]), A[w][g][t + 4] = val(a[2]), A[w][g + 8][t + 4] = val(a[3]);
+    B[w][t][g] = val(b[0]), B[w][t + 4][g] = val(b[1]);
+    yield_as(AT_WARP);
+    for (int i = 0; i < 4; i++) {
+        const int r = g + (i >> 1) * 8, n = 2 * t + (i & 1);
+        float s = c[i];
+        for (int k = 0; k < 8; k++) s = fmaf(A[w][r][k], B[w][k][n], s);
+        c[i] = s;
+    }
+    yield_as(AT_WARP); /* the deposits stay until every lane has read them */
+}
 uint64_t kc_emu_warp_exchange(uint64_t v, int src)
 {
     const int w = cur >> 5;
