@@ -1152,7 +1152,12 @@ __global__ void __launch_bounds__(KC_THREADS) kc_chunk_recur_kernel(kc_kda_chunk
         else if (jb.start == RJ_IDENT) x = d == jb.mcol + c ? 1.0f : 0.0f;
         S_s[d * LDV + c] = x;
     }
-    if constexpr (MODE == KC_KDA_GEMM_TF32) {
+    /* BV = 64 walks on mma.sync, narrower blocks through the wmma tiles below: H200
+     * (bench, same call): recur ms at BV = 64 8 x 2048 0.59 vs 0.86, 4 x 8192 1.12 vs
+     * 1.65, 8 x 128 0.071 vs 0.085; at BV = 32 the wmma walk is faster (8 x 128 0.067
+     * vs 0.092), at 16 the two are even except 8 x 128 (0.079 vs 0.130). Both pass
+     * every test case at every BV (63 cases with the mma walk at all BV, 18b9e7a). */
+    if (MODE == KC_KDA_GEMM_TF32 && BV == 64) {
         recur_chunks_mma(a, w, jb, BV, nbuf, S_s, Vn_s, buf0, bufsz, issue);
     } else {
         issue(jb.c0, 0);

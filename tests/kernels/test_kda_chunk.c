@@ -1087,8 +1087,8 @@ int main(int argc, char **argv)
     g_quick = qk ? atoi(qk) : 0;
     if (argc > 1 && !strcmp(argv[1], "--bench")) return run_bench();
 
-    static kcase cs[64];
-    static char names[64][48];
+    static kcase cs[96];
+    static char names[96][48];
     int n = 0;
     /* single items over the chunk boundaries, K = 16 / 64 / 128 */
     {
@@ -1149,6 +1149,9 @@ int main(int argc, char **argv)
         add_single(c, "continue K=128 100+900", 2, 128, 4, 1000, GATE_NORMAL, 0);
         c->pieces = 2, c->piece_len[0] = 100, c->piece_len[1] = 900, n++;
         c = &cs[n];
+        add_single(c, "continue K=128 bv=64 100+900", 2, 128, 4, 1000, GATE_NORMAL, 0), c->vr.bv = 64;
+        c->pieces = 2, c->piece_len[0] = 100, c->piece_len[1] = 900, n++;
+        c = &cs[n];
         add_single(c, "continue K=16 1+2+5+64+100+1", 2, 16, 4, 173, GATE_NORMAL, 0);
         c->pieces = 6;
         const int pl[] = {1, 2, 5, 64, 100, 1};
@@ -1182,6 +1185,15 @@ int main(int argc, char **argv)
             snprintf(names[n], sizeof names[n], "single K=128 T=700 bv=%d", bv);
             add_single(c, names[n], 2, 128, 4, 700, GATE_NORMAL, 0), c->vr.bv = bv, n++;
         }
+        /* bv = 64 walks on mma.sync (the others through wmma): packed items, continuation,
+         * V = 2K, one buffer, K = 64 (two warps per state row tile) */
+        c = &cs[n];
+        cs[n] = cs[varlen64];
+        c->name = "varlen K=64 bv=64", c->vr.bv = 64, c->diag = 0, n++;
+        c = &cs[n];
+        add_single(c, "V=2K K=64 T=300 bv=64", 2, 64, 4, 300, GATE_NORMAL, 0), c->V = 128, c->vr.bv = 64, n++;
+        c = &cs[n];
+        add_single(c, "buffers=1 K=128 T=700 bv=64", 2, 128, 4, 700, GATE_NORMAL, 0), c->vr.nbuf = 1, c->vr.bv = 64, n++;
         c = &cs[n];
         add_single(c, "single K=64 T=333 3xtf32 bv=16", 2, 64, 4, 333, GATE_NORMAL, KC_KDA_GEMM_3XTF32), c->vr.bv = 16, n++;
         c = &cs[n];
@@ -1212,6 +1224,8 @@ int main(int argc, char **argv)
         add_single(c, "split=2 K=16 T=520", 2, 16, 4, 520, GATE_NORMAL, 0), c->vr.split = 2, c->small = 1, n++;
         c = &cs[n];
         add_single(c, "split=4 K=128 T=2000 diag", 2, 128, 4, 2000, GATE_NORMAL, 0), c->vr.split = 4, c->diag = 1, n++;
+        c = &cs[n];
+        add_single(c, "split=4 K=128 T=2000 bv=64", 2, 128, 4, 2000, GATE_NORMAL, 0), c->vr.split = 4, c->vr.bv = 64, n++;
         c = &cs[n];
         cs[n] = cs[varlen64];
         c->name = "split=3 varlen K=64", c->vr.split = 3, c->diag = 0, n++;
