@@ -1100,7 +1100,9 @@ static __device__ __forceinline__ void recur_chunks_mma(const kc_kda_chunk_args 
     __syncthreads(); /* the final state in X_s for the stores after the walk */
 }
 
-template <int MODE>
+/* MMA: the mma.sync walk (tf32, BV = 64) as its own instantiation, so that the
+ * wmma walk keeps its registers (<= 128: two blocks per SM at one buffer) */
+template <int MODE, bool MMA>
 __global__ void __launch_bounds__(KC_THREADS) kc_chunk_recur_kernel(kc_kda_chunk_args a, ChunkWs w, int BV, int nbuf,
                                                                      int phase, int write_state)
 {
@@ -1152,12 +1154,13 @@ __global__ void __launch_bounds__(KC_THREADS) kc_chunk_recur_kernel(kc_kda_chunk
         else if (jb.start == RJ_IDENT) x = d == jb.mcol + c ? 1.0f : 0.0f;
         S_s[d * LDV + c] = x;
     }
-    /* BV = 64 walks on mma.sync, narrower blocks through the wmma tiles below: H200
+    /* MMA (the launcher's choice at tf32 and BV = 64): the walk on mma.sync; narrower
+     * blocks go through the wmma tiles below. H200
      * (bench, same call): recur ms at BV = 64 8 x 2048 0.59 vs 0.86, 4 x 8192 1.12 vs
      * 1.65, 8 x 128 0.071 vs 0.085; at BV = 32 the wmma walk is faster (8 x 128 0.067
      * vs 0.092), at 16 the two are even except 8 x 128 (0.079 vs 0.130). Both pass
      * every test case at every BV (63 cases with the mma walk at all BV, 18b9e7a). */
-    if (MODE == KC_KDA_GEMM_TF32 && BV == 64) {
+    if constexpr (MMA) {
         recur_chunks_mma(a, w, jb, BV, nbuf, S_s, Vn_s, buf0, bufsz, issue);
     } else {
         issue(jb.c0, 0);
@@ -1463,13 +1466,16 @@ template <typename Kern> static int smem_allow(Kern k, size_t bytes, size_t *all
 template <int MODE>
 static int run_chunk_stages(const kc_kda_chunk_args *a, const ChunkWs &w, int bv, int nbuf, cudaStream_t s)
 {
-    static size_t allow_intra = 0, allow_intra16 = 0, allow_p1 = 0, allow_fin = 0, allow_recur = 0, allow_out = 0,
-                  allow_comb = 0;
+    static size_t allow_intra = 0, allow_intra16 = 0, allow_p1 = 0, allow_fin = 0, allow_recur = 0, allow_recur_mma = 0,
+                  allow_out = 0, allow_comb = 0;
     const int H = a->H, K = a->K, V = a->V, stop = a->debug_stop_after, split = w.seq_split > 1;
     const int maxc = w.max_chunks, ws = stop == 0 ? 1 : 0;
     const size_t sm_intra = (size_t)intra_smem_floats(K) * 4, sm_recur = (size_t)recur_smem_floats(K, bv, nbuf) * 4;
     const size_t sm_out = (size_t)out_smem_floats(K, V) * 4, sm_comb = (size_t)combine_smem_floats(K, bv) * 4;
     const bool bk16 = K < 32; /* the intra stage's K slice: 16 or 32 channels */
+    const bool mma = MODE == KC_KDA_GEMM_TF32 && bv == 64;
+    void (*recur_k)(kc_kda_chunk_args, ChunkWs, int, int, int, int) =
+        mma ? kc_chunk_recur_kernel<KC_KDA_GEMM_TF32, true> : kc_chunk_recur_kernel<MODE, false>;
     /* the intra stage in two launches: where the workspace has the parts and the chunks are few */
     const bool isplit = a->intra_split == 2 || (a->intra_split == 0 && K >= 64 && (long)maxc * H <= KC_ISPLIT_AUTO);
     if (isplit && (K < 64 || maxc > w.ipart_chunks)) return -1;
@@ -1477,7 +1483,8 @@ static int run_chunk_stages(const kc_kda_chunk_args *a, const ChunkWs &w, int bv
         smem_allow(kc_chunk_intra_kernel<MODE, 16, INTRA_FUSED>, sm_intra, &allow_intra16) ||
         smem_allow(kc_chunk_intra_kernel<MODE, 32, INTRA_PASS1>, sm_intra, &allow_p1) ||
         smem_allow(kc_chunk_intra_kernel<MODE, 32, INTRA_FINISH>, sm_intra, &allow_fin) ||
-        smem_allow(kc_chunk_recur_kernel<MODE>, sm_recur, &allow_recur) ||
+        smem_allow(kc_chunk_recur_kernel<MODE, false>, sm_recur, &allow_recur) ||
+        (mma && smem_allow(kc_chunk_recur_kernel<KC_KDA_GEMM_TF32, true>, sm_recur, &allow_recur_mma)) ||
         smem_allow(kc_chunk_out_kernel<MODE>, sm_out, &allow_out) ||
         (split && smem_allow(kc_chunk_combine_kernel<MODE>, sm_comb, &allow_comb)))
         return -7;
@@ -1495,14 +1502,14 @@ static int run_chunk_stages(const kc_kda_chunk_args *a, const ChunkWs &w, int bv
         KC_CHUNK_LAUNCH("intra", kc_chunk_intra_kernel<MODE, 32, INTRA_FUSED>, dim3(maxc, H), dim3(KC_THREADS), sm_intra, s, *a, w);
     if (stop == 2) return 0;
     if (!split) {
-        KC_CHUNK_LAUNCH("recur", kc_chunk_recur_kernel<MODE>, dim3(a->n_items, H, V / bv), dim3(KC_THREADS), sm_recur,
+        KC_CHUNK_LAUNCH("recur", recur_k, dim3(a->n_items, H, V / bv), dim3(KC_THREADS), sm_recur,
                         s, *a, w, bv, nbuf, 0, ws);
     } else { /* segments' transitions (and segment 0, and unsplit items), the scan, the rest */
-        KC_CHUNK_LAUNCH("recur split", kc_chunk_recur_kernel<MODE>, dim3(a->n_items, H, (K + V) / bv * w.seq_split),
+        KC_CHUNK_LAUNCH("recur split", recur_k, dim3(a->n_items, H, (K + V) / bv * w.seq_split),
                         dim3(KC_THREADS), sm_recur, s, *a, w, bv, nbuf, 1, ws);
         KC_CHUNK_LAUNCH("combine", kc_chunk_combine_kernel<MODE>, dim3(a->n_items, H, V / bv), dim3(KC_THREADS), sm_comb,
                         s, *a, w, bv, ws);
-        KC_CHUNK_LAUNCH("recur rerun", kc_chunk_recur_kernel<MODE>, dim3(a->n_items, H, V / bv * (w.seq_split - 1)),
+        KC_CHUNK_LAUNCH("recur rerun", recur_k, dim3(a->n_items, H, V / bv * (w.seq_split - 1)),
                         dim3(KC_THREADS), sm_recur, s, *a, w, bv, nbuf, 2, ws);
     }
     if (stop == 3) return 0;
