@@ -280,39 +280,26 @@ template <int N> static __device__ __forceinline__ void cp_async_wait()
  * B(t + 4, g); C(g, 2t), C(g, 2t + 1), C(g + 8, 2t), C(g + 8, 2t + 1)
  * (PTX ISA, "Matrix fragments for mma.m16n8k8", .tf32). Operands are tf32
  * bit patterns, rounded as cvt.rna.tf32.f32 does (ties away from zero). */
+/* the bits of x as a To (same size); compiles to a register move */
+template <class To, class From> static __device__ __forceinline__ To bit_cast(From x)
+{
+    static_assert(sizeof(To) == sizeof(From), "bit_cast between sizes");
+    To r;
+    memcpy(&r, &x, sizeof r);
+    return r;
+}
 static __device__ __forceinline__ uint32_t tf32_round(float x)
 {
 #if defined(__CUDA_ARCH__)
     uint32_t r;
     asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
     return r;
-#else
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    if ((u & 0x7f800000u) != 0x7f800000u) u = (u + 0x1000u) & 0xffffe000u;
-    return u;
+#else /* the emulator's cvt.rna (emu/mma.h) */
+    return bit_cast<uint32_t>(wmma::__float_to_tf32(x));
 #endif
 }
-static __device__ __forceinline__ float bits_f32(uint32_t u)
-{
-#if defined(__CUDA_ARCH__)
-    return __uint_as_float(u);
-#else
-    float x;
-    memcpy(&x, &u, 4);
-    return x;
-#endif
-}
-static __device__ __forceinline__ uint32_t f32_bits(float x)
-{
-#if defined(__CUDA_ARCH__)
-    return __float_as_uint(x);
-#else
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    return u;
-#endif
-}
+static __device__ __forceinline__ float bits_f32(uint32_t u) { return bit_cast<float>(u); }
+static __device__ __forceinline__ uint32_t f32_bits(float x) { return bit_cast<uint32_t>(x); }
 /* c += A B (warp-collective) */
 static __device__ __forceinline__ void mma_tf32_16x8x8(float c[4], const uint32_t a[4], const uint32_t b[2])
 {
