@@ -6,10 +6,12 @@ libgomp's idle threads used to spin at every barrier (300,000 rounds before
 sleeping), holding the cores the working thread and the neighbour needed: ITL
 3.1 ms quiet became 59.7 ms. kda-server sets passive waiting before libgomp
 starts (common/omp_wait.c). The bound: busy ITL <= BOUND x quiet ITL, median
-of a few requests each. A fair share of the cores is 2x; 6x leaves room for a
-noisy machine (passive waiting measured 2.9x and 4.0x on the loaded dev VM, so
-a 4x bound would fail now and then) and still fails the spinning that the
-issue measured at 19x (3.1 -> 59.7 ms); skipped when other work already runs on the machine (the
+of a few requests each. A fair share of the cores is 2x; 10x leaves room for a
+noisy machine (passive waiting measured 2.9x, 4.0x, 6.2x and 8.5x on the 2-core
+dev VM, so a 6x bound failed fresh-clone CI twice) and still fails the spinning
+that the issue measured at 19x (3.1 -> 59.7 ms). A busy figure over the bound is
+measured once more before the test fails: spinning is slow every time, a
+neighbour's unlucky second is not; skipped when other work already runs on the machine (the
 figures would be that work's). KDA_THREADS_TEST_ENV="GOMP_SPINCOUNT=300000" runs the
 same test with the old waiting (libgomp's default), which must fail it.
 """
@@ -24,7 +26,7 @@ import requests
 sys.path.insert(0, os.path.dirname(__file__))
 from fixture import SRC, Server, check, finish  # noqa: E402
 
-BOUND = 6.0
+BOUND = 10.0
 NCPU = os.cpu_count() or 1
 DEMO = os.path.join(SRC, "models", "demo")
 env = {"OMP_NUM_THREADS": str(NCPU)}
@@ -67,13 +69,23 @@ def itl_ms(n=5):
 
 itl_ms(1)   # warm up
 quiet = itl_ms()
-spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(NCPU)]
-try:
-    busy = itl_ms()
-finally:
-    for p in spinners:
-        p.kill()
-        p.wait()
+
+
+def busy_itl_ms():
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(NCPU)]
+    try:
+        return itl_ms()
+    finally:
+        for p in spinners:
+            p.kill()
+            p.wait()
+
+
+busy = busy_itl_ms()
+if busy > BOUND * quiet:
+    print(f"busy {busy:.2f} ms is {busy / quiet:.1f}x quiet {quiet:.2f} ms: measuring once more")
+    quiet = itl_ms()
+    busy = busy_itl_ms()
 after = itl_ms()
 print(f"ITL --threads 0 ({NCPU} cores) {env}: quiet {quiet:.2f} ms, with {NCPU} spinning neighbours {busy:.2f} ms "
       f"({busy / quiet:.1f}x), quiet again {after:.2f} ms")
