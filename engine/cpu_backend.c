@@ -105,7 +105,8 @@ typedef struct {
     size_t cache_bytes;     /* snapshot states and segments allocated */
     void *sample_work;      /* sampling_work_bytes(vocab), zeroed once */
     /* tuning cpu_bf16_act=1: round activations to bf16 where the CUDA backend
-     * stores them in bf16 (GEMM inputs after RMSNorm, KDA/GQA mixer outputs,
+     * stores them in bf16 (GEMM inputs after RMSNorm, KDA/GQA mixer outputs, the
+     * MLP gate|up outputs when the model has no MLP biases,
      * the SwiGLU product, K/V cache entries). Tests use it to tell how much
      * of a CUDA-vs-CPU difference bf16 storage alone causes. */
     int bf16_act;
@@ -456,6 +457,10 @@ static void mlp_forward(cpu_backend *b, int li, int N, const float *normed, floa
     matmul_tv(up, m, &M->up, N);
     add_bias(gt, lv->gate_bias, N, F);
     add_bias(up, lv->up_bias, N, F);
+    if (!lv->gate_bias && !lv->up_bias) { /* the CUDA backend's bf16 gate|up (tuning gu_bf16) */
+        act_round(b, gt, (size_t)N * F);
+        act_round(b, up, (size_t)N * F);
+    }
     for (size_t i = 0; i < (size_t)N * F; i++) gt[i] = silu_f32(gt[i]) * up[i];
     act_round(b, gt, (size_t)N * F);
     matmul_tv(out, gt, &M->down, N);

@@ -63,6 +63,9 @@ typedef struct {
                           * each such shape prepared once at load: cuBLAS's first call per new shape
                           * costs ~2 ms, ~15 ms a pass (1) */
     int gemv_persist;    /* CUDA: persistent GEMV blocks (1) */
+    int gu_bf16;         /* CUDA: steps above gemv_max_t rows store the MLP's gate|up GEMM output as bf16
+                          * (cuBLAS rounds each fp32 sum once, as a bf16 PyTorch model does) and SwiGLU
+                          * reads it: half the bytes of the widest activation (1); 0 = fp32 */
     int kda_tiled;       /* CUDA: column-tiled KDA step in clusters (0: measured 6-7% slower) */
     int kda_tile_occ;    /* CUDA: blocks per SM of the tiled KDA kernel, 2 or 3 (2) */
     int kda_tile_clusters; /* CUDA: cap on persistent clusters of the tiled kernel (0 = as many as fit) */

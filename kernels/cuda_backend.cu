@@ -318,7 +318,11 @@ static void tune_gemms(cuda_backend *b)
                 rc = kc_gemm_lt_tune(b->glt, b->cublas, b->h, D, b->ybuf, ycols, w->w_o, Tb, D, ycols, 1.0f, b->st);
         }
         const cu_layer *w0 = &b->lw[0];
-        if (!rc) rc = kc_gemm_lt_tune(b->glt, b->cublas, b->proj, 2 * F, b->xn, D, w0->w_gu, Tb, 2 * F, D, 0.0f, b->st);
+        if (!rc)
+            rc = b->tn.gu_bf16 && !w0->gu_bias
+                     ? kc_gemm_lt_tune_y16(b->glt, b->cublas, (uint16_t *)b->proj, 2 * F, b->xn, D, w0->w_gu, Tb, 2 * F,
+                                           D, b->st)
+                     : kc_gemm_lt_tune(b->glt, b->cublas, b->proj, 2 * F, b->xn, D, w0->w_gu, Tb, 2 * F, D, 0.0f, b->st);
         if (!rc) rc = kc_gemm_lt_tune(b->glt, b->cublas, b->h, D, b->act, F, w0->w_down, Tb, D, F, 1.0f, b->st);
         if (!rc)
             rc = kc_gemm_lt_tune(b->glt, b->cublas, b->logits, d->vocab, b->xn, D, b->lm_head, Tb, d->vocab, D, 0.0f,

@@ -51,6 +51,20 @@ static int gemm(cuda_backend *b, float *y, int ldy, const uint16_t *x, int ldx, 
     return kc_gemm(b->cublas, y, ldy, x, ldx, W, T, N, K, beta, s);
 }
 
+/* the same into a bf16 y (beta 0) */
+static int gemm16(cuda_backend *b, uint16_t *y, int ldy, const uint16_t *x, int ldx, const uint16_t *W, int T, int N,
+                  int K, cudaStream_t s)
+{
+    if (b->glt) {
+        const int rc = kc_gemm_lt_run_y16(b->glt, y, ldy, x, ldx, W, T, N, K, s);
+        if (rc <= 0) return rc;
+    }
+    return kc_gemm_y16(b->cublas, y, ldy, x, ldx, W, T, N, K, s);
+}
+
+/* the MLP's gate|up output as bf16 (tuning gu_bf16; models with MLP biases keep fp32) */
+static int gu_bf16(const cuda_backend *b, const cu_layer *w) { return b->tn.gu_bf16 && !w->gu_bias; }
+
 /* Every prompt-pass GEMM shape once, at load (the buffers' contents are
  * whatever they hold: only the shapes matter). */
 int cu_prepare_prompt_gemms(cuda_backend *b, int *n_shapes)
@@ -78,7 +92,8 @@ int cu_prepare_prompt_gemms(cuda_backend *b, int *n_shapes)
                              0.0f, s)))
                 return -7;
         }
-        if (gemm(b, b->proj, 2 * F, b->xn, D, b->lw[0].w_gu, Tg, 2 * F, D, 0.0f, s) ||
+        if ((gu_bf16(b, &b->lw[0]) ? gemm16(b, (uint16_t *)b->proj, 2 * F, b->xn, D, b->lw[0].w_gu, Tg, 2 * F, D, s)
+                                   : gemm(b, b->proj, 2 * F, b->xn, D, b->lw[0].w_gu, Tg, 2 * F, D, 0.0f, s)) ||
             gemm(b, b->h, D, b->act, F, b->lw[0].w_down, Tg, D, F, 1.0f, s))
             return -7;
         n++;
@@ -193,10 +208,16 @@ static int mlp_block(cuda_backend *b, const cu_layer *w, int T, int Tg, int gemv
     } else {
         KC_CHECK(kc_rmsnorm(b->xn, b->h, NULL, w->mlp_norm, T, D, b->eps, s));
         PROF(b, KDA_PROF_OTHER);
-        KC_CHECK(gemm(b, b->proj, 2 * F, b->xn, D, w->w_gu, Tg, 2 * F, D, 0.0f, s));
-        PROF(b, KDA_PROF_GEMM);
-        if (w->gu_bias) KC_CHECK(kc_add_bias(b->proj, 2 * F, w->gu_bias, T, 2 * F, s));
-        KC_CHECK(kc_swiglu(b->act, b->proj, T, F, s));
+        if (gu_bf16(b, w)) { /* bf16 gate|up in proj's memory */
+            KC_CHECK(gemm16(b, (uint16_t *)b->proj, 2 * F, b->xn, D, w->w_gu, Tg, 2 * F, D, s));
+            PROF(b, KDA_PROF_GEMM);
+            KC_CHECK(kc_swiglu_bf16(b->act, (const uint16_t *)b->proj, T, F, s));
+        } else {
+            KC_CHECK(gemm(b, b->proj, 2 * F, b->xn, D, w->w_gu, Tg, 2 * F, D, 0.0f, s));
+            PROF(b, KDA_PROF_GEMM);
+            if (w->gu_bias) KC_CHECK(kc_add_bias(b->proj, 2 * F, w->gu_bias, T, 2 * F, s));
+            KC_CHECK(kc_swiglu(b->act, b->proj, T, F, s));
+        }
         PROF(b, KDA_PROF_OTHER);
         KC_CHECK(gemm(b, b->h, D, b->act, F, w->w_down, Tg, D, F, 1.0f, s));
         if (w->down_bias) KC_CHECK(kc_add_bias(b->h, D, w->down_bias, T, D, s));

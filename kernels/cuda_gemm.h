@@ -63,6 +63,13 @@ int kc_gemm_lt_tune(kc_gemm_lt *g, void *cublas_handle, float *y, int ldy, const
 int kc_gemm_lt_run(kc_gemm_lt *g, float *y, int ldy, const uint16_t *x, int ldx, const uint16_t *W, int T,
                    int N, int K, float beta, cudaStream_t s);
 
+/* The same with a bf16 y (beta 0): cuBLAS rounds each fp32 sum to bf16 once.
+ * Its own plans (the key includes y's type); fallback kc_gemm_y16. */
+int kc_gemm_lt_tune_y16(kc_gemm_lt *g, void *cublas_handle, uint16_t *y, int ldy, const uint16_t *x, int ldx,
+                        const uint16_t *W, int T, int N, int K, cudaStream_t s);
+int kc_gemm_lt_run_y16(kc_gemm_lt *g, uint16_t *y, int ldy, const uint16_t *x, int ldx, const uint16_t *W, int T,
+                       int N, int K, cudaStream_t s);
+
 /* Free the L2-flush buffer tune allocated (tune allocates it again if needed). */
 void kc_gemm_lt_release_scratch(kc_gemm_lt *g);
 

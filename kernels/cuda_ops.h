@@ -47,6 +47,8 @@ int kc_add_bias(float *y, int ldy, const float *bias, int T, int n, cudaStream_t
 
 /* out[t, f] = bf16(silu(gu[t, f]) * gu[t, F + f]); gu [T, 2F] fp32. */
 int kc_swiglu(uint16_t *out, const float *gu, int T, int F, cudaStream_t s);
+/* the same from a bf16 gate|up [T, 2F] */
+int kc_swiglu_bf16(uint16_t *out, const uint16_t *gu, int T, int F, cudaStream_t s);
 
 /* Skinny GEMM for few rows (T <= KC_GEMV_MAX_T): y[t, n] = sum_k W[n, k] x[t, k].
  * in_mode  KC_IN_BF16: x bf16 [T, ldx];  KC_IN_NORM: x fp32 [T, ldx], normalised
@@ -65,6 +67,9 @@ int kc_gemv(void *y, int ldy, const uint16_t *W, int N, int K, const void *x, in
 /* cuBLAS: y[T, N] (fp32, ldy) = beta * y + x[T, K] (bf16, ldx) @ W[N, K]^T (bf16). */
 int kc_gemm(void *cublas_handle, float *y, int ldy, const uint16_t *x, int ldx, const uint16_t *W,
             int T, int N, int K, float beta, cudaStream_t s);
+/* the same into a bf16 y (beta 0): each fp32 sum rounded once */
+int kc_gemm_y16(void *cublas_handle, uint16_t *y, int ldy, const uint16_t *x, int ldx, const uint16_t *W,
+                int T, int N, int K, cudaStream_t s);
 
 /* ---- KDA decode/prefill step (MODEL_SPEC 3, steps 2-7 after the projections) ----
  * One block per (item, value head) walks the item's tokens in order: conv +

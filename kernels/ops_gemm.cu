@@ -27,6 +27,7 @@ typedef struct {
     int used;
     int T, N, K, ldx, ldy;
     float beta;
+    int ybf; /* y is bf16 (beta 0): cuBLAS rounds the fp32 accumulators once */
     int use_default; /* tuning found cublasGemmEx faster: run returns 1 */
     unsigned align_a, align_b, align_c; /* min pointer alignment the plan was tuned for */
     cublasLtMatmulDesc_t op;
@@ -64,11 +65,12 @@ static void plan_free(lt_plan *p)
     memset(p, 0, sizeof *p);
 }
 
-static lt_plan *plan_find(kc_gemm_lt *g, int T, int N, int K, int ldx, int ldy, float beta)
+static lt_plan *plan_find(kc_gemm_lt *g, int T, int N, int K, int ldx, int ldy, float beta, int ybf)
 {
     for (int i = 0; i < LT_MAX_PLANS; i++) {
         lt_plan *p = &g->plan[i];
-        if (p->used && p->T == T && p->N == N && p->K == K && p->ldx == ldx && p->ldy == ldy && p->beta == beta)
+        if (p->used && p->T == T && p->N == N && p->K == K && p->ldx == ldx && p->ldy == ldy && p->beta == beta &&
+            p->ybf == ybf)
             return p;
     }
     return NULL;
@@ -155,28 +157,41 @@ static int algo_get_i32(const cublasLtMatmulAlgo_t *a, cublasLtMatmulAlgoConfigA
     return (int)v;
 }
 
-/* Copies T rows of N floats (row stride ld) between device and a dense host buffer. */
-static cudaError_t copy_rows_d2h(float *h, const float *d, int ld, int T, int N, cudaStream_t s)
+/* Copies T rows of N elements of es bytes (row stride ld) between device and a dense host buffer. */
+static cudaError_t copy_rows_d2h(void *h, const void *d, int ld, int T, int N, size_t es, cudaStream_t s)
 {
-    return cudaMemcpy2DAsync(h, (size_t)N * 4, d, (size_t)ld * 4, (size_t)N * 4, (size_t)T, cudaMemcpyDeviceToHost,
+    return cudaMemcpy2DAsync(h, (size_t)N * es, d, (size_t)ld * es, (size_t)N * es, (size_t)T, cudaMemcpyDeviceToHost,
                              s);
 }
-static cudaError_t copy_rows_h2d(float *d, const float *h, int ld, int T, int N, cudaStream_t s)
+static cudaError_t copy_rows_h2d(void *d, const void *h, int ld, int T, int N, size_t es, cudaStream_t s)
 {
-    return cudaMemcpy2DAsync(d, (size_t)ld * 4, h, (size_t)N * 4, (size_t)N * 4, (size_t)T, cudaMemcpyHostToDevice,
+    return cudaMemcpy2DAsync(d, (size_t)ld * es, h, (size_t)N * es, (size_t)N * es, (size_t)T, cudaMemcpyHostToDevice,
                              s);
 }
 
-extern "C" int kc_gemm_lt_tune(kc_gemm_lt *g, void *cublas_handle, float *y, int ldy, const uint16_t *x, int ldx,
-                               const uint16_t *W, int T, int N, int K, float beta, cudaStream_t s)
+/* bf16 results read back as uint16 in place: widened to fp32 from the end down */
+static void widen_bf16(float *v, size_t n)
+{
+    const uint16_t *u = (const uint16_t *)v;
+    for (size_t i = n; i-- > 0;) {
+        const uint32_t b = (uint32_t)u[i] << 16;
+        memcpy(&v[i], &b, 4);
+    }
+}
+
+static int lt_tune(kc_gemm_lt *g, void *cublas_handle, void *y, int ybf, int ldy, const uint16_t *x, int ldx,
+                   const uint16_t *W, int T, int N, int K, float beta, cudaStream_t s)
 {
     if (!g || !cublas_handle || !y || !x || !W || T <= 0 || N <= 0 || K <= 0 || ldx < K || ldy < N) return -1;
+    if (ybf && beta != 0.0f) return -1;
+    const cudaDataType_t ydt = ybf ? CUDA_R_16BF : CUDA_R_32F;
+    const size_t yes = ybf ? 2 : 4;
     cublasHandle_t h = (cublasHandle_t)cublas_handle;
     const float alpha = 1.0f;
     int rc = 0;
 
     /* the slot: an earlier plan for this key, else a free one */
-    lt_plan *slot = plan_find(g, T, N, K, ldx, ldy, beta);
+    lt_plan *slot = plan_find(g, T, N, K, ldx, ldy, beta, ybf);
     if (!slot)
         for (int i = 0; i < LT_MAX_PLANS && !slot; i++)
             if (!g->plan[i].used) slot = &g->plan[i];
@@ -187,7 +202,7 @@ extern "C" int kc_gemm_lt_tune(kc_gemm_lt *g, void *cublas_handle, float *y, int
 
     lt_plan p;
     memset(&p, 0, sizeof p);
-    p.T = T, p.N = N, p.K = K, p.ldx = ldx, p.ldy = ldy, p.beta = beta;
+    p.T = T, p.N = N, p.K = K, p.ldx = ldx, p.ldy = ldy, p.beta = beta, p.ybf = ybf;
     p.align_a = ptr_align(W), p.align_b = ptr_align(x), p.align_c = ptr_align(y);
 
     cudaEvent_t ev[2 * LT_REPS];
@@ -225,7 +240,7 @@ extern "C" int kc_gemm_lt_tune(kc_gemm_lt *g, void *cublas_handle, float *y, int
         LT_CK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &opN, sizeof opN));
         LT_CK(cublasLtMatrixLayoutCreate(&p.la, CUDA_R_16BF, (uint64_t)K, (uint64_t)N, (int64_t)K));
         LT_CK(cublasLtMatrixLayoutCreate(&p.lb, CUDA_R_16BF, (uint64_t)K, (uint64_t)T, (int64_t)ldx));
-        LT_CK(cublasLtMatrixLayoutCreate(&p.lc, CUDA_R_32F, (uint64_t)N, (uint64_t)T, (int64_t)ldy));
+        LT_CK(cublasLtMatrixLayoutCreate(&p.lc, ydt, (uint64_t)N, (uint64_t)T, (int64_t)ldy));
 
         /* the L2 flush buffer: twice the L2 */
         if (g->flush_on && !g->flush) {
@@ -324,7 +339,7 @@ extern "C" int kc_gemm_lt_tune(kc_gemm_lt *g, void *cublas_handle, float *y, int
         }
         def_ms = time_median(g, s, ev, [&]() -> int {
             return cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, T, K, &alpha, W, CUDA_R_16BF, K, x, CUDA_R_16BF, ldx,
-                                &beta, y, CUDA_R_32F, ldy, CUBLAS_COMPUTE_32F,
+                                &beta, y, ydt, ldy, CUBLAS_COMPUTE_32F,
                                 CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS
                        ? 0
                        : -1;
@@ -363,19 +378,20 @@ extern "C" int kc_gemm_lt_tune(kc_gemm_lt *g, void *cublas_handle, float *y, int
                 goto done;
             }
             float *old = hbuf, *ref = hbuf + n, *got = hbuf + 2 * n;
-            if (beta != 0.0f) CU_CK(copy_rows_d2h(old, y, ldy, T, N, s));
+            if (beta != 0.0f) CU_CK(copy_rows_d2h(old, y, ldy, T, N, yes, s));
             if (cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, T, K, &alpha, W, CUDA_R_16BF, K, x, CUDA_R_16BF, ldx,
-                             &beta, y, CUDA_R_32F, ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) !=
+                             &beta, y, ydt, ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) !=
                 CUBLAS_STATUS_SUCCESS) {
                 rc = -7;
                 goto done;
             }
-            CU_CK(copy_rows_d2h(ref, y, ldy, T, N, s));
-            if (beta != 0.0f) CU_CK(copy_rows_h2d(y, old, ldy, T, N, s));
+            CU_CK(copy_rows_d2h(ref, y, ldy, T, N, yes, s));
+            if (beta != 0.0f) CU_CK(copy_rows_h2d(y, old, ldy, T, N, yes, s));
             LT_CK(cublasLtMatmul(g->lt, p.op, &alpha, W, p.la, x, p.lb, &beta, y, p.lc, y, p.lc, &cand[best].algo,
                                  g->ws, g->ws_size, s));
-            CU_CK(copy_rows_d2h(got, y, ldy, T, N, s));
+            CU_CK(copy_rows_d2h(got, y, ldy, T, N, yes, s));
             CU_CK(cudaStreamSynchronize(s));
+            if (ybf) widen_bf16(ref, n), widen_bf16(got, n);
             /* tolerance from the largest product term x @ W^T (ref - y_old when beta = 1:
              * timing accumulated into y many times) */
             float amax = 0.0f;
@@ -386,7 +402,9 @@ extern "C" int kc_gemm_lt_tune(kc_gemm_lt *g, void *cublas_handle, float *y, int
             size_t bad = 0, first_bad = 0;
             for (size_t i = 0; i < n; i++) {
                 const float d = fabsf(got[i] - ref[i]);
-                const float tol = 1e-3f * amax + 1e-5f + (beta != 0.0f ? 4e-6f * fabsf(old[i]) : 0.0f);
+                /* bf16 y: the two may round fp32 sums that differ in the last bits to neighbouring bf16 values */
+                const float tol = 1e-3f * amax + 1e-5f + (beta != 0.0f ? 4e-6f * fabsf(old[i]) : 0.0f) +
+                                  (ybf ? fabsf(ref[i]) * (1.0f / 128) : 0.0f);
                 if (d <= tol) continue;
                 if (!isfinite(ref[i]) && !isfinite(got[i])) continue; /* garbage in scratch y */
                 if (!bad) first_bad = i;
@@ -402,22 +420,22 @@ extern "C" int kc_gemm_lt_tune(kc_gemm_lt *g, void *cublas_handle, float *y, int
         }
 
         if (g->verbose) {
-            const double bytes = (double)N * K * 2 + (double)T * K * 2 + (double)T * N * 4 * (beta != 0.0f ? 2 : 1);
+            const double bytes = (double)N * K * 2 + (double)T * K * 2 + (double)T * N * yes * (beta != 0.0f ? 2 : 1);
             const float win_ms = p.use_default ? def_ms : best_ms;
             if (best >= 0) {
                 const cublasLtMatmulAlgo_t *a = &cand[best].algo;
                 fprintf(stderr,
-                        "kc_gemm_lt: T=%d N=%d K=%d ldx=%d ldy=%d beta=%g: lt best %.2f us (algo %d tile %d splitk %d "
+                        "kc_gemm_lt: T=%d N=%d K=%d ldx=%d ldy=%d beta=%g%s: lt best %.2f us (algo %d tile %d splitk %d "
                         "red %d ws %zu, %d cands) default %.2f us -> %s %.0f GB/s\n",
-                        T, N, K, ldx, ldy, (double)beta, best_ms * 1e3, algo_get_i32(a, CUBLASLT_ALGO_CONFIG_ID),
+                        T, N, K, ldx, ldy, (double)beta, ybf ? " y bf16" : "", best_ms * 1e3, algo_get_i32(a, CUBLASLT_ALGO_CONFIG_ID),
                         algo_get_i32(a, CUBLASLT_ALGO_CONFIG_TILE_ID), algo_get_i32(a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM),
                         algo_get_i32(a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME), cand[best].ws, n_cand,
                         def_ms * 1e3, p.use_default ? "default" : "lt", bytes / (win_ms * 1e-3) * 1e-9);
             } else {
                 fprintf(stderr,
-                        "kc_gemm_lt: T=%d N=%d K=%d ldx=%d ldy=%d beta=%g: no lt candidate ran (%d) default %.2f us "
+                        "kc_gemm_lt: T=%d N=%d K=%d ldx=%d ldy=%d beta=%g%s: no lt candidate ran (%d) default %.2f us "
                         "-> default %.0f GB/s\n",
-                        T, N, K, ldx, ldy, (double)beta, n_cand, def_ms * 1e3, bytes / (def_ms * 1e-3) * 1e-9);
+                        T, N, K, ldx, ldy, (double)beta, ybf ? " y bf16" : "", n_cand, def_ms * 1e3, bytes / (def_ms * 1e-3) * 1e-9);
             }
         }
 
@@ -448,12 +466,24 @@ done:
 #undef CU_CK
 }
 
-extern "C" int kc_gemm_lt_run(kc_gemm_lt *g, float *y, int ldy, const uint16_t *x, int ldx, const uint16_t *W, int T,
-                              int N, int K, float beta, cudaStream_t s)
+extern "C" int kc_gemm_lt_tune(kc_gemm_lt *g, void *cublas_handle, float *y, int ldy, const uint16_t *x, int ldx,
+                               const uint16_t *W, int T, int N, int K, float beta, cudaStream_t s)
+{
+    return lt_tune(g, cublas_handle, y, 0, ldy, x, ldx, W, T, N, K, beta, s);
+}
+
+extern "C" int kc_gemm_lt_tune_y16(kc_gemm_lt *g, void *cublas_handle, uint16_t *y, int ldy, const uint16_t *x,
+                                   int ldx, const uint16_t *W, int T, int N, int K, cudaStream_t s)
+{
+    return lt_tune(g, cublas_handle, y, 1, ldy, x, ldx, W, T, N, K, 0.0f, s);
+}
+
+static int lt_run(kc_gemm_lt *g, void *y, int ybf, int ldy, const uint16_t *x, int ldx, const uint16_t *W, int T,
+                  int N, int K, float beta, cudaStream_t s)
 {
     if (T <= 0) return 0;
     if (!g) return 1;
-    const lt_plan *p = plan_find(g, T, N, K, ldx, ldy, beta);
+    const lt_plan *p = plan_find(g, T, N, K, ldx, ldy, beta, ybf);
     if (!p || p->use_default) return 1;
     if (ptr_align(W) < p->align_a || ptr_align(x) < p->align_b || ptr_align(y) < p->align_c) return 1;
     const float alpha = 1.0f;
@@ -464,6 +494,18 @@ extern "C" int kc_gemm_lt_run(kc_gemm_lt *g, float *y, int ldy, const uint16_t *
         return -7;
     }
     return 0;
+}
+
+extern "C" int kc_gemm_lt_run(kc_gemm_lt *g, float *y, int ldy, const uint16_t *x, int ldx, const uint16_t *W, int T,
+                              int N, int K, float beta, cudaStream_t s)
+{
+    return lt_run(g, y, 0, ldy, x, ldx, W, T, N, K, beta, s);
+}
+
+extern "C" int kc_gemm_lt_run_y16(kc_gemm_lt *g, uint16_t *y, int ldy, const uint16_t *x, int ldx, const uint16_t *W,
+                                  int T, int N, int K, cudaStream_t s)
+{
+    return lt_run(g, y, 1, ldy, x, ldx, W, T, N, K, 0.0f, s);
 }
 
 /* ---- test data ---- */

@@ -131,6 +131,35 @@ static void test_gemv_and_gemm_match_reference(void **st)
                         want[(size_t)t * N + n] = silu_f32(got[(size_t)t * 2 * N + n]) * got[(size_t)t * 2 * N + N + n];
                 e = kt_rel(gact, want, (size_t)T * N);
                 assert_true(e < 1e-2);
+                /* bf16 gate|up (tuning gu_bf16): each element is the fp32 product rounded
+                 * once (within one bf16 ulp of the reference's rounding: the sums differ in
+                 * their last bits), then SwiGLU from it; N = 37 runs the scalar kernel, the
+                 * others the 8-wide one */
+                uint16_t *dy16 = kt_dev_poison((size_t)T * 2 * N * 2);
+                assert_int_equal(kc_gemm_y16(h, dy16, 2 * N, dxn2, K, dW, T, 2 * N, K, 0), 0);
+                float *g16 = kt_get_bf16(dy16, (size_t)T * 2 * N);
+                size_t off_ulp = 0;
+                for (size_t i = 0; i < (size_t)T * 2 * N; i++) {
+                    const float r = bf16_to_f32(f32_to_bf16(got[i]));
+                    if (g16[i] != r) {
+                        off_ulp++;
+                        assert_true(fabsf(g16[i] - got[i]) <= fabsf(got[i]) * (1.0f / 128) + 1e-30f);
+                    }
+                }
+                printf("gemm y16 N=%d K=%d T=%d: %zu of %zu not the rounding of the fp32 GEMM (<= 1 ulp)\n", 2 * N, K,
+                       T, off_ulp, (size_t)T * 2 * N);
+                assert_true(off_ulp <= (size_t)T * 2 * N / 50);
+                uint16_t *dact16 = kt_dev_poison((size_t)T * N * 2);
+                assert_int_equal(kc_swiglu_bf16(dact16, dy16, T, N, 0), 0);
+                float *gact16 = kt_get_bf16(dact16, (size_t)T * N);
+                for (int t = 0; t < T; t++)
+                    for (int n = 0; n < N; n++) {
+                        const float w = silu_f32(g16[(size_t)t * 2 * N + n]) * g16[(size_t)t * 2 * N + N + n];
+                        /* one bf16 rounding of the fp32 product (the GPU's __expf-free siluf_ vs the CPU's) */
+                        assert_true(fabsf(gact16[(size_t)t * N + n] - w) <= fabsf(w) * (1.0f / 128) + 1e-6f);
+                    }
+                free(g16), free(gact16);
+                cudaFree(dy16), cudaFree(dact16);
                 free(got), free(gact), free(want);
                 cudaFree(dxn2), cudaFree(dy), cudaFree(dact);
             }
