@@ -32,7 +32,7 @@ grep -E "PASSED|FAILED|ERROR|y16" "$LOG/test_kernels.txt" | sort | uniq -c | sor
 wait $gen
 step test_cuda_model 240 "$LOG/test_cuda_model.txt" env KDA_TEST_MODEL_17B=$M17 $B/tests/kernels/test_cuda_model
 grep -E "PASSED|FAILED|ERROR|cuda vs|bf16-act vs" "$LOG/test_cuda_model.txt" | tail -30 >> "$S"
-P=${KDA_AB_POINTS:-"--pairs 1:128,64:128,256:128 --prefill 1:64,8:128,1:2048,8:2048 --score 1:8192,4:8192 --reps 5"}
+P=${KDA_AB_POINTS:-"--pairs 128:1,128:64,128:256 --no-kernels --prefill 1:64,8:128,1:2048,8:2048 --score 1:8192,4:8192 --reps 5"}
 for run in A1 B1 A2 B2; do
   t=$A; [ "${run:0:1}" = B ] && t=$Bt
   step "bench-$run" 90 "$LOG/bench-$run.txt" $B/cli/kda-cli bench "$M17" $P --tuning "$t" --json "$OUT/ab-$run.json"
@@ -43,8 +43,8 @@ echo "-- B prof" >> "$S"; grep -E "prefill|score" "$LOG/bench-B-prof.txt" >> "$S
 if [ "${KDA_AB_NCU:-0}" = 1 ]; then
   NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
   step ncu 200 "$OUT/ncu.txt" "$NCU" --clock-control none --section SpeedOfLight \
-    --kernel-name regex:"^(?!.*([Gg]emm|sm90|cutlass|xmma|splitK|gemv)).*" --launch-count ${KDA_AB_NCU_COUNT:-48} \
-    $B/cli/kda-cli bench "$M17" --pairs 1:128 --prefill 8:2048 --reps 1 --tuning "$Bt"
+    --kernel-name regex:"swiglu|rmsnorm|kc_chunk|cast|embed|hist|gqa_qkv|attn|bias|lowrank" --launch-count ${KDA_AB_NCU_COUNT:-48} \
+    $B/cli/kda-cli bench "$M17" --pairs "" --no-kernels --prefill 8:2048 --reps 1 --tuning "$Bt"
 fi
 tar czf "$OUT/logs.tgz" -C "$LOG" . 2>/dev/null
 cat "$S"
