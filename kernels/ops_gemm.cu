@@ -312,6 +312,7 @@ static int lt_tune(kc_gemm_lt *g, void *cublas_handle, void *y, int ybf, int ldy
                 for (int q = 0; q < 2 && n_cand < LT_MAX_CAND; q++) {
                     const uint32_t sch = schemes[q];
                     if (!(red_mask & sch)) continue;
+                    if (ybf && sch == CUBLASLT_REDUCTION_SCHEME_INPLACE) continue; /* partial sums in bf16 */
                     cublasLtMatmulAlgo_t a = cand[i].algo;
                     if (cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &sk, sizeof sk) !=
                             CUBLAS_STATUS_SUCCESS ||

@@ -138,22 +138,23 @@ static void test_gemv_and_gemm_match_reference(void **st)
                 uint16_t *dy16 = kt_dev_poison((size_t)T * 2 * N * 2);
                 assert_int_equal(kc_gemm_y16(h, dy16, 2 * N, dxn2, K, dW, T, 2 * N, K, 0), 0);
                 float *g16 = kt_get_bf16(dy16, (size_t)T * 2 * N);
-                /* cuBLAS may pick another algorithm (split-K, another order) for the bf16
-                 * output: near-zero sums then differ by the fp32 accumulation error, ~1e-6 of
-                 * the largest terms (kc_gemm_lt_tune's check allows 1e-3 of the largest output) */
-                float amax = 0.0f;
+                /* cuBLAS may pick another algorithm for the bf16 output (split-K whose partial
+                 * sums it reduces in bf16, measured at K = 8064, T = 3): an element may then
+                 * differ from the rounded fp32 GEMM by its own bf16 ulp plus one bf16 ulp of the
+                 * largest output; most are the rounding itself */
+                float amax = 0.0f, worst = 0.0f;
                 for (size_t i = 0; i < (size_t)T * 2 * N; i++) amax = fmaxf(amax, fabsf(got[i]));
-                size_t off_ulp = 0;
+                size_t off_ulp = 0, over = 0;
                 for (size_t i = 0; i < (size_t)T * 2 * N; i++) {
-                    const float r = bf16_to_f32(f32_to_bf16(got[i]));
-                    if (g16[i] != r) {
-                        off_ulp++;
-                        assert_true(fabsf(g16[i] - got[i]) <= fabsf(got[i]) * (1.0f / 128) + 1e-4f * amax);
-                    }
+                    const float r = bf16_to_f32(f32_to_bf16(got[i])), d = fabsf(g16[i] - got[i]);
+                    if (g16[i] != r) off_ulp++;
+                    worst = fmaxf(worst, d / (fabsf(got[i]) + amax));
+                    if (d > fabsf(got[i]) * (1.0f / 128) + amax * (1.0f / 256)) over++;
                 }
-                printf("gemm y16 N=%d K=%d T=%d: %zu of %zu not the rounding of the fp32 GEMM (<= 1 ulp)\n", 2 * N, K,
-                       T, off_ulp, (size_t)T * 2 * N);
-                assert_true(off_ulp <= (size_t)T * 2 * N / 10);
+                printf("gemm y16 N=%d K=%d T=%d: %zu of %zu not the rounding of the fp32 GEMM, worst |d| / (|y| + max|y|) "
+                       "%.2e, %zu over the bound\n", 2 * N, K, T, off_ulp, (size_t)T * 2 * N, worst, over);
+                assert_true(over == 0);
+                assert_true(off_ulp <= (size_t)T * 2 * N / 4);
                 uint16_t *dact16 = kt_dev_poison((size_t)T * N * 2);
                 assert_int_equal(kc_swiglu_bf16(dact16, dy16, T, N, 0), 0);
                 float *gact16 = kt_get_bf16(dact16, (size_t)T * N);
