@@ -348,8 +348,8 @@ def expected_tensors(c, scheme, present=lambda n: False):
 class RefModel:
     def __init__(self, d, dtype=torch.float64, kda_mode="recurrent", bf16_act=False):
         """bf16_act: round activations to bf16 where the CUDA backend stores them
-        (GEMM inputs after RMSNorm, the KDA and GQA mixer outputs, the SwiGLU
-        product, K/V as cached) -- the scale of difference bf16 storage alone makes."""
+        (GEMM inputs after RMSNorm, the KDA and GQA mixer outputs, the MLP's gate
+        and up projections without MLP biases, the SwiGLU product, K/V as cached) -- the scale of difference bf16 storage alone makes."""
         with open(os.path.join(d, "config.json")) as fh:
             self.cfg = Config(json.load(fh))
         self.dtype, self.kda_mode, self.bf16_act = dtype, kda_mode, bf16_act
@@ -506,6 +506,8 @@ class RefModel:
         B = (lambda n: self.W(mp + n + ".bias")) if c.mlp_bias else (lambda n: 0)  # noqa: E731
         gate = mm @ self.W(mp + "gate_proj.weight").T + B("gate_proj")
         up = mm @ self.W(mp + "up_proj.weight").T + B("up_proj")
+        if not c.mlp_bias:  # the CUDA backend's bf16 gate|up GEMM output (tuning gu_bf16)
+            gate, up = self.act(gate), self.act(up)
         return self.act(torch.nn.functional.silu(gate) * up) @ self.W(mp + "down_proj.weight").T + B("down_proj")
 
     def forward(self, tokens, state=None, trace=None):
