@@ -303,20 +303,32 @@ def playground():
 
         # ---- Stop during a long streamed run cancels it on the server ----
         page.set_sampling(temperature=1.0, max_tokens=2000)
-        page.type_into("prompt", PROMPT)
-        before = metric(requests.get(U + "/metrics", timeout=10).text, "kda_requests_cancelled_total")
-        install_growth_recorder(page)
-        page.el("generate").click()
-        # Stop soon: 2000 tokens take the demo model seconds on a CPU, the page must not fall behind the server.
-        wait_for(lambda: len([g for g in page.js("return window.kdaGrowth;") if g > len(PROMPT)]) >= 3, 10,
-                 "streamed text appears")
+        # Stop soon: 2000 tokens take the demo model ~3.6 s on this 2-core VM. On a loaded machine the
+        # browser can render the stream so late that the server has already finished when Stop is
+        # pressed (fresh-clone CI, 2026-12-02: "finished (length)"): then nothing is left to cancel, so
+        # the run is started again, up to three times, until the server still runs it at the click.
+        for attempt in range(3):
+            page.type_into("prompt", PROMPT)
+            before = metric(requests.get(U + "/metrics", timeout=10).text, "kda_requests_cancelled_total")
+            install_growth_recorder(page)
+            page.el("generate").click()
+            wait_for(lambda: len([g for g in page.js("return window.kdaGrowth;") if g > len(PROMPT)]) >= 3, 10,
+                     "streamed text appears")
+            if metric(requests.get(U + "/metrics", timeout=10).text, "kda_running_sequences") >= 1:
+                break
+            print(f"note: attempt {attempt + 1}: the server finished the 2000 tokens before the page pressed Stop")
+            page.wait_state("complete-status", ("stopped", "done", "error"), 30, "the finished run ends on the page")
         check(page.state("complete-status") == "running", "the long completion is still streaming when Stop is pressed")
         growth = sorted(set(page.js("return window.kdaGrowth;")))
         check(len([g for g in growth if g > len(PROMPT)]) >= 3, "the completion arrives in pieces while it runs (streamed)",
               f"text lengths seen {growth[:10]}")
+        t_click = time.time()
         page.el("stop-button").click()
+        t_click = time.time() - t_click
         page.wait_state("complete-status", ("stopped", "done", "error"), 10, "Stop ends the run")
         check(page.state("complete-status") == "stopped", "Stop marks the run stopped", page.el("complete-status").text)
+        check(t_click < 1.0, "the page takes the Stop click at once while it streams (its main thread keeps up)",
+              f"{t_click:.2f} s")
 
         def cancelled():
             m = requests.get(U + "/metrics", timeout=10).text
