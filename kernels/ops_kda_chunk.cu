@@ -160,6 +160,14 @@ template <int MODE> struct Acc {
     __device__ __forceinline__ void zero() { wmma::fill_fragment(f, 0.0f); }
     __device__ __forceinline__ void load(const float *p, int ld) { wmma::load_matrix_sync(f, p, ld, wmma::mem_row_major); }
     __device__ __forceinline__ void store(float *p, int ld) const { wmma::store_matrix_sync(p, f, ld, wmma::mem_row_major); }
+    /* += the tile at p (another warp's partial sum) */
+    __device__ __forceinline__ void add(const float *p, int ld)
+    {
+        wmma::fragment<wmma::accumulator, 16, 16, 8, float> t;
+        wmma::load_matrix_sync(t, p, ld, wmma::mem_row_major);
+#pragma unroll
+        for (int i = 0; i < t.num_elements; i++) f.x[i] += t.x[i];
+    }
     template <bool A_ROW, bool B_ROW>
     __device__ __forceinline__ void mma(const float *A, int lda, const float *B, int ldb, int kdim, bool neg)
     {
@@ -226,6 +234,15 @@ template <> struct Acc<KC_KDA_GEMM_SIMT> {
             p[(e >> 4) * ld + (e & 15)] = x[i];
         }
         __syncwarp();
+    }
+    __device__ __forceinline__ void add(const float *p, int ld)
+    {
+        const int lane = threadIdx.x & 31;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int e = lane + 32 * i;
+            x[i] += p[(e >> 4) * ld + (e & 15)];
+        }
     }
     template <bool A_ROW, bool B_ROW>
     __device__ __forceinline__ void mma(const float *A, int lda, const float *B, int ldb, int kdim, bool neg)
@@ -1172,12 +1189,31 @@ __global__ void __launch_bounds__(KC_THREADS) kc_chunk_recur_kernel(kc_kda_chunk
                 for (int e = tid; e < K * BV; e += KC_THREADS) scg[(size_t)(e >> bsh) * V + (e & (BV - 1))] = S_s[(e >> bsh) * LDV + (e & (BV - 1))];
             }
             /* Vnew = U - W X */
-            for (int t = warp; t < 4 * nvt; t += KC_THREADS / 32) {
-                const int mi = t / nvt, ni = t % nvt;
+            if (4 * nvt < KC_THREADS / 32) {
+                /* BV = 16: four tiles for eight warps. Warps w and w + 4 take the two halves
+                 * of K; w + 4's part reaches w through its tile of Vn_s: half the serial
+                 * chain of the product (1 x 2048 runs its 32 chunks one after the other on
+                 * one block per SM, so the chain is the time) */
+                static_assert(KC_THREADS / 32 == 8, "two warps per Vnew tile");
+                const int mi = warp & 3, kh = warp >> 2, K2 = K / 2;
                 Acc<MODE> acc;
-                acc.load(Ub + 16 * mi * LDV + 16 * ni, LDV);
-                acc.template mma<true, true>(Wb + 16 * mi * LDK, LDK, S_s + 16 * ni, LDV, K, true);
-                acc.store(Vn_s + 16 * mi * LDV + 16 * ni, LDV);
+                if (kh == 0) acc.load(Ub + 16 * mi * LDV, LDV);
+                else acc.zero();
+                acc.template mma<true, true>(Wb + 16 * mi * LDK + kh * K2, LDK, S_s + (size_t)kh * K2 * LDV, LDV, K2, true);
+                if (kh == 1) acc.store(Vn_s + 16 * mi * LDV, LDV);
+                __syncthreads();
+                if (kh == 0) {
+                    acc.add(Vn_s + 16 * mi * LDV, LDV);
+                    acc.store(Vn_s + 16 * mi * LDV, LDV);
+                }
+            } else {
+                for (int t = warp; t < 4 * nvt; t += KC_THREADS / 32) {
+                    const int mi = t / nvt, ni = t % nvt;
+                    Acc<MODE> acc;
+                    acc.load(Ub + 16 * mi * LDV + 16 * ni, LDV);
+                    acc.template mma<true, true>(Wb + 16 * mi * LDK, LDK, S_s + 16 * ni, LDV, K, true);
+                    acc.store(Vn_s + 16 * mi * LDV + 16 * ni, LDV);
+                }
             }
             __syncthreads(); /* Vnew complete; X no longer read */
             if (jb.out) { /* in place of U (already in shared memory) */
