@@ -1189,7 +1189,7 @@ __global__ void __launch_bounds__(KC_THREADS) kc_chunk_recur_kernel(kc_kda_chunk
                 for (int e = tid; e < K * BV; e += KC_THREADS) scg[(size_t)(e >> bsh) * V + (e & (BV - 1))] = S_s[(e >> bsh) * LDV + (e & (BV - 1))];
             }
             /* Vnew = U - W X */
-            if (4 * nvt < KC_THREADS / 32) {
+            if (a.recur_ksplit == 2 && 4 * nvt < KC_THREADS / 32) {
                 /* BV = 16: four tiles for eight warps. Warps w and w + 4 take the two halves
                  * of K; w + 4's part reaches w through its tile of Vn_s: half the serial
                  * chain of the product (1 x 2048 runs its 32 chunks one after the other on
@@ -1564,7 +1564,9 @@ extern "C" int kc_kda_chunk(const kc_kda_chunk_args *a, cudaStream_t s)
     if (a->state_bf16 && a->seq_split > 1) return -5; /* the split's transitions keep fp32 state */
     if (a->gemm < KC_KDA_GEMM_TF32 || a->gemm > KC_KDA_GEMM_SIMT || a->debug_stop_after < 0 || a->debug_stop_after > 4)
         return -1;
-    if (a->seq_split < 0 || a->seq_split > KC_SEG_MAX || a->recur_buffers < 0 || a->recur_buffers > 2) return -1;
+    if (a->seq_split < 0 || a->seq_split > KC_SEG_MAX || a->recur_buffers < 0 || a->recur_buffers > 2 ||
+        a->recur_ksplit < 0 || a->recur_ksplit > 2)
+        return -1;
     if (a->out_split != 0 && a->out_split != 1 && a->out_split != 2 && a->out_split != 4) return -1;
     if (a->intra_split < 0 || a->intra_split > 2) return -1;
     const int split = a->seq_split > 1 ? a->seq_split : 0;
@@ -1622,9 +1624,11 @@ extern "C" int kc_kda_chunk(const kc_kda_chunk_args *a, cudaStream_t s)
     w.max_chunks = L.max_chunks;
     w.max_segs = L.max_segs;
     w.seq_split = split;
+    kc_kda_chunk_args ar = *a; /* the kernels read the resolved recur_ksplit: 2 = on */
+    ar.recur_ksplit = a->recur_ksplit ? a->recur_ksplit : recur_blocks <= sm_count() ? 2 : 1;
     switch (a->gemm) {
-    case KC_KDA_GEMM_3XTF32: return run_chunk_stages<KC_KDA_GEMM_3XTF32>(a, w, bv, nbuf, s);
-    case KC_KDA_GEMM_SIMT: return run_chunk_stages<KC_KDA_GEMM_SIMT>(a, w, bv, nbuf, s);
-    default: return run_chunk_stages<KC_KDA_GEMM_TF32>(a, w, bv, nbuf, s);
+    case KC_KDA_GEMM_3XTF32: return run_chunk_stages<KC_KDA_GEMM_3XTF32>(&ar, w, bv, nbuf, s);
+    case KC_KDA_GEMM_SIMT: return run_chunk_stages<KC_KDA_GEMM_SIMT>(&ar, w, bv, nbuf, s);
+    default: return run_chunk_stages<KC_KDA_GEMM_TF32>(&ar, w, bv, nbuf, s);
     }
 }

@@ -42,7 +42,7 @@
 #define MAXI 64
 /* the kernels' switches (kc_kda_chunk_args.gemm, bv, seq_split, recur_buffers, out_split, intra_split) */
 typedef struct {
-    int gemm, bv, split, nbuf, osplit, isplit;
+    int gemm, bv, split, nbuf, osplit, isplit, ksplit;
 } variant;
 #define Y_TOL 5e-3 /* bf16 output against the fp32 reference */
 enum { GATE_NORMAL = 0, GATE_STRONG = 1, GATE_FACTORED = 2 };
@@ -241,7 +241,7 @@ static void fill_args(kc_kda_chunk_args *a, const prob *p, const dev_prob *d, in
     a->eps = p->eps, a->H = p->H, a->K = p->K, a->V = p->V, a->taps = p->taps;
     a->y = d->y, a->ldy = p->HV;
     a->work = d->work, a->work_bytes = d->work_bytes;
-    a->gemm = vr.gemm, a->bv = vr.bv, a->seq_split = vr.split, a->recur_buffers = vr.nbuf, a->out_split = vr.osplit, a->intra_split = vr.isplit,
+    a->gemm = vr.gemm, a->bv = vr.bv, a->seq_split = vr.split, a->recur_buffers = vr.nbuf, a->out_split = vr.osplit, a->intra_split = vr.isplit, a->recur_ksplit = vr.ksplit,
     a->debug_stop_after = stop;
 }
 
@@ -740,7 +740,7 @@ static int run_bad_args(void)
               {"split, no split workspace", -1}, {"out_split = 3", -1}, {"intra_split = 3", -1},
               {"intra_split = 2 at K = 16", -1}};
     for (int i = 0; i < 10; i++) {
-        fill_args(&a, &p, &d, 2, (variant){0, 0, 0, 0, 0, 0}, 0);
+        fill_args(&a, &p, &d, 2, (variant){0, 0, 0, 0, 0, 0, 0}, 0);
         if (i == 0) a.K = 48;
         if (i == 1) a.work_bytes -= 256;
         if (i == 2) a.work = (char *)a.work + 16, a.work_bytes -= 16;
@@ -763,7 +763,7 @@ static int run_bad_args(void)
     printf("  %-34s %-26s %ld y values written: %s\n", "bad-args", "after the refused calls", touched, touched ? "FAIL" : "ok");
     if (touched) g_failed_checks++;
     /* the valid call: item 1 is out of range */
-    fill_args(&a, &p, &d, 2, (variant){0, 0, 0, 0, 0, 0}, 0);
+    fill_args(&a, &p, &d, 2, (variant){0, 0, 0, 0, 0, 0, 0}, 0);
     int rc = kc_kda_chunk(&a, 0);
     KT_CK(cudaDeviceSynchronize());
     kc_kda_chunk_layout L;
@@ -924,13 +924,14 @@ static int run_bench(void)
         const struct {
             const char *name;
             variant vr;
-        } var[] = {{"tf32 (defaults)", {0, 0, 0, 0, 0, 0}}, {"tf32 bv=16", {0, 16, 0, 0, 0, 0}}, {"tf32 bv=32", {0, 32, 0, 0, 0, 0}},
-                   {"tf32 bv=64", {0, 64, 0, 0, 0, 0}},   {"tf32 buffers=1", {0, 0, 0, 1, 0, 0}}, {"tf32 buf=1 bv=32", {0, 32, 0, 1, 0, 0}},
-                   {"tf32 split=2", {0, 0, 2, 0, 0, 0}},  {"tf32 split=4", {0, 0, 4, 0, 0, 0}}, {"tf32 split=8", {0, 0, 8, 0, 0, 0}},
-                   {"tf32 split=4 buf=1", {0, 0, 4, 1, 0, 0}}, {"tf32 out_split=1", {0, 0, 0, 0, 1, 0}},
-                   {"tf32 out_split=2", {0, 0, 0, 0, 2, 0}}, {"tf32 out_split=4", {0, 0, 0, 0, 4, 0}},
-                   {"tf32 intra_split=1", {0, 0, 0, 0, 0, 1}},
-                   {"tf32 intra_split=2", {0, 0, 0, 0, 0, 2}}, {"3xtf32", {1, 0, 0, 0, 0, 0}}, {"simt", {2, 0, 0, 0, 0, 0}}};
+        } var[] = {{"tf32 (defaults)", {0, 0, 0, 0, 0, 0, 0}}, {"tf32 bv=16", {0, 16, 0, 0, 0, 0, 0}}, {"tf32 bv=32", {0, 32, 0, 0, 0, 0, 0}},
+                   {"tf32 bv=64", {0, 64, 0, 0, 0, 0, 0}},   {"tf32 buffers=1", {0, 0, 0, 1, 0, 0, 0}}, {"tf32 buf=1 bv=32", {0, 32, 0, 1, 0, 0, 0}},
+                   {"tf32 split=2", {0, 0, 2, 0, 0, 0, 0}},  {"tf32 split=4", {0, 0, 4, 0, 0, 0, 0}}, {"tf32 split=8", {0, 0, 8, 0, 0, 0, 0}},
+                   {"tf32 split=4 buf=1", {0, 0, 4, 1, 0, 0, 0}}, {"tf32 out_split=1", {0, 0, 0, 0, 1, 0, 0}},
+                   {"tf32 out_split=2", {0, 0, 0, 0, 2, 0, 0}}, {"tf32 out_split=4", {0, 0, 0, 0, 4, 0, 0}},
+                   {"tf32 intra_split=1", {0, 0, 0, 0, 0, 1, 0}},
+                   {"tf32 intra_split=2", {0, 0, 0, 0, 0, 2, 0}}, {"tf32 ksplit=off", {0, 0, 0, 0, 0, 0, 1}},
+                   {"tf32 ksplit=on", {0, 0, 0, 0, 0, 0, 2}}, {"3xtf32", {1, 0, 0, 0, 0, 0, 0}}, {"simt", {2, 0, 0, 0, 0, 0, 0}}};
         for (int v = 0; v < (int)(sizeof var / sizeof var[0]); v++) {
             if (var[v].vr.gemm == 2 && s > 0) continue; /* the reference path: one point is enough */
             if (only_var && !name_in_list(var[v].name, only_var)) continue;
@@ -1200,6 +1201,15 @@ int main(int argc, char **argv)
         add_single(c, "buffers=1 K=128 T=1000", 2, 128, 4, 1000, GATE_NORMAL, 0), c->vr.nbuf = 1, n++;
         c = &cs[n];
         add_single(c, "buffers=1 K=16 T=150", 2, 16, 4, 150, GATE_NORMAL, 0), c->vr.nbuf = 1, n++;
+        /* BV = 16's product split over two warps: auto takes it on these small grids, so force it off too */
+        c = &cs[n];
+        add_single(c, "bv=16 ksplit=off K=128 T=700", 2, 128, 4, 700, GATE_NORMAL, 0), c->vr.bv = 16, c->vr.ksplit = 1, n++;
+        c = &cs[n];
+        cs[n] = cs[varlen64];
+        c->name = "varlen K=64 bv=16 ksplit=off", c->vr.bv = 16, c->vr.ksplit = 1, c->diag = 0, n++;
+        c = &cs[n];
+        cs[n] = cs[varlen64];
+        c->name = "varlen K=64 bv=16 ksplit=on", c->vr.bv = 16, c->vr.ksplit = 2, c->diag = 0, n++;
         /* the output stage's row split: auto picks 4 on these small grids, so force 1 and 2 */
         c = &cs[n];
         add_single(c, "out_split=1 K=128 T=150", 2, 128, 4, 150, GATE_NORMAL, 0), c->vr.osplit = 1, c->small = 1, n++;
