@@ -1106,7 +1106,7 @@ static __device__ __forceinline__ void recur_chunks_mma(const kc_kda_chunk_args 
 
 /* MMA: the mma.sync walk (tf32, BV = 64) as its own instantiation, so that the
  * wmma walk keeps its registers (<= 128: two blocks per SM at one buffer) */
-template <int MODE, bool MMA>
+template <int MODE, bool MMA, bool KSPLIT = false>
 __global__ void __launch_bounds__(KC_THREADS) kc_chunk_recur_kernel(kc_kda_chunk_args a, ChunkWs w, int BV, int nbuf,
                                                                      int phase, int write_state)
 {
@@ -1189,7 +1189,7 @@ __global__ void __launch_bounds__(KC_THREADS) kc_chunk_recur_kernel(kc_kda_chunk
                 for (int e = tid; e < K * BV; e += KC_THREADS) scg[(size_t)(e >> bsh) * V + (e & (BV - 1))] = S_s[(e >> bsh) * LDV + (e & (BV - 1))];
             }
             /* Vnew = U - W X */
-            if (a.recur_ksplit == 2 && 4 * nvt < KC_THREADS / 32) {
+            if (KSPLIT && 4 * nvt < KC_THREADS / 32) {
                 /* BV = 16: four tiles for eight warps. Warps w and w + 4 take the two halves
                  * of K; w + 4's part reaches w through its tile of Vn_s: half the serial
                  * chain of the product (1 x 2048 runs its 32 chunks one after the other on
@@ -1489,7 +1489,7 @@ template <typename Kern> static int smem_allow(Kern k, size_t bytes, size_t *all
 template <int MODE>
 static int run_chunk_stages(const kc_kda_chunk_args *a, const ChunkWs &w, int bv, int nbuf, cudaStream_t s)
 {
-    static size_t allow_intra = 0, allow_intra16 = 0, allow_p1 = 0, allow_fin = 0, allow_recur = 0, allow_recur_mma = 0,
+    static size_t allow_intra = 0, allow_intra16 = 0, allow_p1 = 0, allow_fin = 0, allow_recur = 0, allow_recur_mma = 0, allow_recur_ks = 0,
                   allow_out = 0, allow_comb = 0;
     const int H = a->H, K = a->K, V = a->V, stop = a->debug_stop_after, split = w.seq_split > 1;
     const int maxc = w.max_chunks, ws = stop == 0 ? 1 : 0;
@@ -1497,8 +1497,13 @@ static int run_chunk_stages(const kc_kda_chunk_args *a, const ChunkWs &w, int bv
     const size_t sm_out = (size_t)out_smem_floats(K, V) * 4, sm_comb = (size_t)combine_smem_floats(K, bv) * 4;
     const bool bk16 = K < 32; /* the intra stage's K slice: 16 or 32 channels */
     const bool mma = MODE == KC_KDA_GEMM_TF32 && bv == 64;
+    /* BV = 16's split product (recur_ksplit, resolved by kc_kda_chunk: 2 = on) as its own
+     * instantiation, so that the plain walk keeps its registers (with both in one kernel,
+     * 8 x 128 at one buffer and two blocks per SM ran its recurrence in 0.101 ms against 0.066) */
+    const bool ksplit = !mma && bv == 16 && a->recur_ksplit == 2;
     void (*recur_k)(kc_kda_chunk_args, ChunkWs, int, int, int, int) =
-        mma ? kc_chunk_recur_kernel<KC_KDA_GEMM_TF32, true> : kc_chunk_recur_kernel<MODE, false>;
+        mma ? kc_chunk_recur_kernel<KC_KDA_GEMM_TF32, true>
+        : ksplit ? kc_chunk_recur_kernel<MODE, false, true> : kc_chunk_recur_kernel<MODE, false>;
     /* the intra stage in two launches: where the workspace has the parts and the chunks are few */
     const bool isplit = a->intra_split == 2 || (a->intra_split == 0 && K >= 64 && (long)maxc * H <= KC_ISPLIT_AUTO);
     if (isplit && (K < 64 || maxc > w.ipart_chunks)) return -1;
@@ -1507,6 +1512,7 @@ static int run_chunk_stages(const kc_kda_chunk_args *a, const ChunkWs &w, int bv
         smem_allow(kc_chunk_intra_kernel<MODE, 32, INTRA_PASS1>, sm_intra, &allow_p1) ||
         smem_allow(kc_chunk_intra_kernel<MODE, 32, INTRA_FINISH>, sm_intra, &allow_fin) ||
         smem_allow(kc_chunk_recur_kernel<MODE, false>, sm_recur, &allow_recur) ||
+        (ksplit && smem_allow(kc_chunk_recur_kernel<MODE, false, true>, sm_recur, &allow_recur_ks)) ||
         (mma && smem_allow(kc_chunk_recur_kernel<KC_KDA_GEMM_TF32, true>, sm_recur, &allow_recur_mma)) ||
         smem_allow(kc_chunk_out_kernel<MODE>, sm_out, &allow_out) ||
         (split && smem_allow(kc_chunk_combine_kernel<MODE>, sm_comb, &allow_comb)))
