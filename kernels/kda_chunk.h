@@ -71,9 +71,9 @@ typedef struct {
     int recur_ksplit;      /* recurrence at BV = 16 (wmma walk): Vnew = U - W X split over K between two
                             * warps per tile (four tiles leave four of eight warps idle): 0 = auto (on
                             * while the recurrence grid fits one block per SM, where the chunk chain is
-                            * the time; off on larger grids, where it costs: H200 8 x 128 recur 0.096 vs
-                            * 0.067 ms on, 1 x 2048 0.150 vs 0.166, 1 x 8192 0.558 vs 0.638), 1 = off,
-                            * 2 = on */
+                            * the time; off on larger grids, where it does not pay: H200 recur ms on / off
+                            * 1 x 2048 0.151 / 0.168, 1 x 8192 0.554 / 0.628, 1 x 512 0.041 / 0.044, 8 x 128
+                            * 0.070 / 0.067), 1 = off, 2 = on */
     int debug_stop_after;  /* tests: 1..4 runs stages 1..n only (plan+prep, intra, recurrence, output)
                             * and leaves state, tail and (n < 4) y untouched; 0 = everything */
 } kc_kda_chunk_args;
