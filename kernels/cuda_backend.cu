@@ -319,7 +319,7 @@ static void tune_gemms(cuda_backend *b)
         }
         const cu_layer *w0 = &b->lw[0];
         if (!rc)
-            rc = b->tn.gu_bf16 && !w0->gu_bias
+            rc = cu_gu_bf16(b, w0)
                      ? kc_gemm_lt_tune_y16(b->glt, b->cublas, (uint16_t *)b->proj, 2 * F, b->xn, D, w0->w_gu, Tb, 2 * F,
                                            D, b->st)
                      : kc_gemm_lt_tune(b->glt, b->cublas, b->proj, 2 * F, b->xn, D, w0->w_gu, Tb, 2 * F, D, 0.0f, b->st);

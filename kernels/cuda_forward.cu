@@ -62,9 +62,6 @@ static int gemm16(cuda_backend *b, uint16_t *y, int ldy, const uint16_t *x, int 
     return kc_gemm_y16(b->cublas, y, ldy, x, ldx, W, T, N, K, s);
 }
 
-/* the MLP's gate|up output as bf16 (tuning gu_bf16; models with MLP biases keep fp32) */
-static int gu_bf16(const cuda_backend *b, const cu_layer *w) { return b->tn.gu_bf16 && !w->gu_bias; }
-
 /* Every prompt-pass GEMM shape once, at load (the buffers' contents are
  * whatever they hold: only the shapes matter). */
 int cu_prepare_prompt_gemms(cuda_backend *b, int *n_shapes)
@@ -92,7 +89,7 @@ int cu_prepare_prompt_gemms(cuda_backend *b, int *n_shapes)
                              0.0f, s)))
                 return -7;
         }
-        if ((gu_bf16(b, &b->lw[0]) ? gemm16(b, (uint16_t *)b->proj, 2 * F, b->xn, D, b->lw[0].w_gu, Tg, 2 * F, D, s)
+        if ((cu_gu_bf16(b, &b->lw[0]) ? gemm16(b, (uint16_t *)b->proj, 2 * F, b->xn, D, b->lw[0].w_gu, Tg, 2 * F, D, s)
                                    : gemm(b, b->proj, 2 * F, b->xn, D, b->lw[0].w_gu, Tg, 2 * F, D, 0.0f, s)) ||
             gemm(b, b->h, D, b->act, F, b->lw[0].w_down, Tg, D, F, 1.0f, s))
             return -7;
@@ -208,7 +205,7 @@ static int mlp_block(cuda_backend *b, const cu_layer *w, int T, int Tg, int gemv
     } else {
         KC_CHECK(kc_rmsnorm(b->xn, b->h, NULL, w->mlp_norm, T, D, b->eps, s));
         PROF(b, KDA_PROF_OTHER);
-        if (gu_bf16(b, w)) { /* bf16 gate|up in proj's memory */
+        if (cu_gu_bf16(b, w)) { /* bf16 gate|up in proj's memory */
             KC_CHECK(gemm16(b, (uint16_t *)b->proj, 2 * F, b->xn, D, w->w_gu, Tg, 2 * F, D, s));
             PROF(b, KDA_PROF_GEMM);
             KC_CHECK(kc_swiglu_bf16(b->act, (const uint16_t *)b->proj, T, F, s));

@@ -153,6 +153,8 @@ int cu_forward(cuda_backend *b, int T, int n_items, int split, char *err, size_t
 int cu_forward_prefill(cuda_backend *b, int T, int n_items, int n_dec, int max_ctx, char *err, size_t errlen);
 /* the GEMM rows of a prompt pass of T rows (tuning gemm_pad) */
 int cu_gemm_rows(const cuda_backend *b, int T);
+/* the MLP's gate|up GEMM output as bf16 (tuning gu_bf16; models with MLP biases keep fp32) */
+static inline int cu_gu_bf16(const cuda_backend *b, const cu_layer *w) { return b->tn.gu_bf16 && !w->gu_bias; }
 /* every prompt-pass GEMM shape once (load time); *n_shapes row counts; -7 on a device error */
 int cu_prepare_prompt_gemms(cuda_backend *b, int *n_shapes);
 /* final norm + lm-head of out rows [k0, k0 + n) into logits [n, vocab] (n <= TM) */

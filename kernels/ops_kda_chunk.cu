@@ -970,6 +970,25 @@ static __host__ __device__ int recur_smem_floats(int K, int BV, int nbuf)
     return (K + KC_CH) * LDV + nbuf * (KC_CH * (K + 4) + KC_CH * (K + 8) + KC_CH * LDV + K);
 }
 
+/* The chunk pipeline both recurrence walks share: with two buffers, chunk ci + 1's
+ * loads are issued before chunk ci's are waited for; with one, chunk ci's are issued
+ * now (the walk's first before it starts). Returns the buffer holding chunk ci; the
+ * caller's __syncthreads makes everyone's copies visible. */
+template <class Issue>
+static __device__ __forceinline__ int recur_wait_chunk(int ci, int c0, int c1, int nbuf, Issue &issue)
+{
+    if (nbuf == 2) {
+        const int b = (ci - c0) & 1;
+        if (ci + 1 < c1) issue(ci + 1, b ^ 1);
+        cp_async_commit();
+        cp_async_wait<1>(); /* this thread's copies of chunk ci have landed */
+        return b;
+    }
+    if (ci > c0) issue(ci, 0), cp_async_commit();
+    cp_async_wait<0>();
+    return 0;
+}
+
 /* The chunk walk of the tf32 recurrence on mma.sync, the state in registers:
  * warp w holds S's row tile w / swp (16 rows) and sncw of its 8-column
  * tiles as fp32 accumulators for the whole walk, and a tf32 copy in X_s is
@@ -1009,16 +1028,7 @@ static __device__ __forceinline__ void recur_chunks_mma(const kc_kda_chunk_args 
     issue(jb.c0, 0);
     cp_async_commit();
     for (int ci = jb.c0; ci < jb.c1; ci++) {
-        int b = 0;
-        if (nbuf == 2) {
-            b = (ci - jb.c0) & 1;
-            if (ci + 1 < jb.c1) issue(ci + 1, b ^ 1);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            if (ci > jb.c0) issue(ci, 0), cp_async_commit();
-            cp_async_wait<0>();
-        }
+        const int b = recur_wait_chunk(ci, jb.c0, jb.c1, nbuf, issue);
         __syncthreads(); /* everyone's copies, and X_s from the previous chunk */
         const float *Wb = buf0 + b * bufsz, *kgb = Wb + KC_CH * LDK, *Ub = kgb + KC_CH * LDG, *egb = Ub + KC_CH * LDV;
         const int n = min(KC_CH, nt - KC_CH * ci), row0 = irow0 + KC_CH * ci;
@@ -1171,16 +1181,7 @@ __global__ void __launch_bounds__(KC_THREADS) kc_chunk_recur_kernel(kc_kda_chunk
         cp_async_commit();
         const int nvt = BV / 16;
         for (int ci = jb.c0; ci < jb.c1; ci++) {
-            int b = 0;
-            if (nbuf == 2) {
-                b = (ci - jb.c0) & 1;
-                if (ci + 1 < jb.c1) issue(ci + 1, b ^ 1);
-                cp_async_commit();
-                cp_async_wait<1>(); /* this thread's copies of chunk ci have landed */
-            } else {
-                if (ci > jb.c0) issue(ci, 0), cp_async_commit();
-                cp_async_wait<0>();
-            }
+            const int b = recur_wait_chunk(ci, jb.c0, jb.c1, nbuf, issue);
             __syncthreads(); /* everyone's copies, and X from the previous chunk */
             const float *Wb = buf0 + b * bufsz, *kgb = Wb + KC_CH * LDK, *Ub = kgb + KC_CH * LDG, *egb = Ub + KC_CH * LDV;
             const int n = min(KC_CH, nt - KC_CH * ci), row0 = irow0 + KC_CH * ci;
