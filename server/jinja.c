@@ -1887,6 +1887,9 @@ static value call_func(rctx *c, const value *fn, argv_t *a, int line)
     case F_RAISE: {
         value m = a0 ? to_str(c, a0) : v_str("", 0);
         c->f.raised = 1;
+        /* An empty message (or one that starts with a NUL) would reach the
+         * client as an error without a reason: name the call instead. */
+        if (!m.u.s.n || !m.u.s.p[0]) fail(&c->f, "line %d: the template called raise_exception() without a message", line);
         fail(&c->f, "%.*s", (int)m.u.s.n, m.u.s.p);
     }
     case F_STRFTIME: {
