@@ -1180,9 +1180,15 @@ static int truthy(const value *v)
 static int is_num(const value *v) { return v->k == V_INT || v->k == V_FLOAT || v->k == V_BOOL; }
 static double num(const value *v) { return v->k == V_FLOAT ? v->u.f : v->k == V_INT ? (double)v->u.i : v->u.b; }
 
-static int v_equal(const value *a, const value *b)
+/* Python's ==: containers compare item by item, an item that is the same
+ * object as its counterpart is equal without a look inside (so a namespace
+ * that holds itself equals itself), and past MAX_DEPTH levels of distinct
+ * containers (a cycle of two) the answer is "not equal" where Python would
+ * raise RecursionError. */
+static int v_equal_at(const value *a, const value *b, int level)
 {
     if (is_num(a) && is_num(b)) return num(a) == num(b);
+    if (level > MAX_DEPTH) return 0;
     if (a->k != b->k) {
         if ((a->k == V_LIST || a->k == V_TUPLE) && (b->k == V_LIST || b->k == V_TUPLE)) return 0;
         return 0;
@@ -1191,21 +1197,25 @@ static int v_equal(const value *a, const value *b)
     case V_UNDEF: case V_NONE: return 1;
     case V_STR: return a->u.s.n == b->u.s.n && !memcmp(a->u.s.p, b->u.s.p, a->u.s.n);
     case V_LIST: case V_TUPLE:
+        if (a->u.l == b->u.l) return 1;
         if (a->u.l->n != b->u.l->n) return 0;
         for (int i = 0; i < a->u.l->n; i++)
-            if (!v_equal(&a->u.l->v[i], &b->u.l->v[i])) return 0;
+            if (!v_equal_at(&a->u.l->v[i], &b->u.l->v[i], level + 1)) return 0;
         return 1;
     case V_DICT: case V_NS:
+        if (a->u.d == b->u.d) return 1;
         if (a->u.d->n != b->u.d->n) return 0;
         for (int i = 0; i < a->u.d->n; i++) {
             value *o = dict_find(b->u.d, &a->u.d->k[i]);
-            if (!o || !v_equal(&a->u.d->v[i], o)) return 0;
+            if (!o || !v_equal_at(&a->u.d->v[i], o, level + 1)) return 0;
         }
         return 1;
     case V_FUNC: return a->u.fn.id == b->u.fn.id;
     default: return 0;
     }
 }
+
+static int v_equal(const value *a, const value *b) { return v_equal_at(a, b, 0); }
 
 /* ---- text of values (Python's str / repr / json.dumps) ---- */
 
@@ -1297,9 +1307,15 @@ static void put_repr_str(sbuf *b, const char *s, size_t n)
     sb_put(b, &q, 1);
 }
 
-static void put_value(sbuf *b, const value *v, int repr)
+/* Nesting of printed values: a namespace can be made to hold itself
+ * ({% set ns.a = ns %}), so printing it would recurse without end. */
+static void put_value_at(sbuf *b, const value *v, int repr, int level);
+static void put_value(sbuf *b, const value *v, int repr) { put_value_at(b, v, repr, 0); }
+
+static void put_value_at(sbuf *b, const value *v, int repr, int level)
 {
     char buf[32];
+    if (level > MAX_DEPTH) fail(&b->c->f, "value nested too deeply to print (a namespace or list that holds itself?)");
     switch (v->k) {
     case V_UNDEF: break;
     case V_NONE: sb_puts(b, "None"); break;
@@ -1311,7 +1327,7 @@ static void put_value(sbuf *b, const value *v, int repr)
         sb_puts(b, v->k == V_LIST ? "[" : "(");
         for (int i = 0; i < v->u.l->n; i++) {
             if (i) sb_puts(b, ", ");
-            put_value(b, &v->u.l->v[i], 1);
+            put_value_at(b, &v->u.l->v[i], 1, level + 1);
         }
         if (v->k == V_TUPLE && v->u.l->n == 1) sb_puts(b, ",");
         sb_puts(b, v->k == V_LIST ? "]" : ")");
@@ -1320,9 +1336,9 @@ static void put_value(sbuf *b, const value *v, int repr)
         sb_puts(b, v->k == V_NS ? "<Namespace {" : "{");
         for (int i = 0; i < v->u.d->n; i++) {
             if (i) sb_puts(b, ", ");
-            put_value(b, &v->u.d->k[i], 1);
+            put_value_at(b, &v->u.d->k[i], 1, level + 1);
             sb_puts(b, ": ");
-            put_value(b, &v->u.d->v[i], 1);
+            put_value_at(b, &v->u.d->v[i], 1, level + 1);
         }
         sb_puts(b, v->k == V_NS ? "}>" : "}");
         break;
