@@ -1890,7 +1890,12 @@ static value call_func(rctx *c, const value *fn, argv_t *a, int line)
         else fail(&c->f, "line %d: range() needs an argument", line);
         if (st == 0) fail(&c->f, "line %d: range() step must not be zero", line);
         vlist *l = list_new(c, 8);
-        for (long long i = lo; st > 0 ? i < hi : i > hi; i += st) { tick(c); list_push(c, l, v_int(i)); }
+        /* the step past the last item may leave long long (range(2**63 - 2, 2**63 - 1, 2)) */
+        for (long long i = lo; st > 0 ? i < hi : i > hi;) {
+            tick(c);
+            list_push(c, l, v_int(i));
+            if (__builtin_add_overflow(i, st, &i)) break;
+        }
         return v_list(l, 0);
     }
     case F_NAMESPACE: case F_DICT: {
