@@ -24,6 +24,14 @@
  * The window restarts at every anchor, so a push costs two decodes of a few
  * ids; only a long run of non-anchor ids (byte pieces, BOS/EOS) makes the
  * window grow, and it shrinks again at the next ordinary piece.
+ *
+ * With the tokenizer's surface table (surface.c, built from the same two
+ * facts and checked against the library at open) the common case costs no
+ * decode at all: a non-byte id pushed onto a window that is just its anchor
+ * emits the id's table text, exactly what decode([anchor, id]) adds, and
+ * the table says whether the id anchors the next window (decode([id]) is
+ * non-empty). The scheduler pushes every generated token of every sequence,
+ * so this is per-step host work proportional to the batch.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -35,6 +43,7 @@ struct tok_stream {
     int32_t *win;          /* [cap] ids since the anchor (win[0]), or since the start */
     int n, cap;
     size_t done;           /* bytes of decode(win) already emitted */
+    int anchored;          /* win is [anchor] and done its whole text: the table's fast case */
     unsigned char *bytes;  /* [cap] scratch: the bytes of a trailing byte run */
     char *out;             /* [out_cap] what the last push/flush returned */
     size_t out_cap;
@@ -80,6 +89,7 @@ static const char *emit(tok_stream *s, const char *text, size_t len, size_t *out
 
 static int byte_value(const tok_tokenizer *t, int32_t id) {
     if (!t->spm) return id;
+    if (t->surf) return t->surf->byte[id];
     return (int)strtol(spm_id_to_piece(t->spm, id) + 3, NULL, 16);   /* "<0xNN>" */
 }
 
@@ -133,6 +143,20 @@ const char *tok_stream_push(tok_stream *s, int32_t id, size_t *len) {
         return r;
     }
 
+    const tok_surface *sf = s->t->surf;
+    if (sf && s->anchored && s->n == 2 && sf->byte[id] < 0) {
+        const char *r = emit(s, sf->text + sf->off[id], sf->off[id + 1] - sf->off[id], len);
+        if (sf->solo[id] > 0) {
+            s->win[0] = id;
+            s->n = 1;
+            s->done = sf->solo[id];
+        } else {                /* BOS / EOS / a lone space: the window grows */
+            s->done += *len;
+            s->anchored = 0;
+        }
+        return r;
+    }
+    s->anchored = 0;
     int k = stable_ids(s);
     if (k == 0) return emit(s, "", 0, len);
     const char *r = emit_window(s, k, len);
@@ -144,6 +168,7 @@ const char *tok_stream_push(tok_stream *s, int32_t id, size_t *len) {
                 s->win[0] = id;
                 s->n = 1;
                 s->done = solo_len;
+                s->anchored = 1;
             }
             free(solo);
         }
@@ -158,5 +183,6 @@ const char *tok_stream_flush(tok_stream *s, size_t *len) {
     const char *r = emit_window(s, s->n, len);
     s->n = 0;
     s->done = 0;
+    s->anchored = 0;
     return r;
 }

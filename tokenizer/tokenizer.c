@@ -51,6 +51,7 @@ int tok_open_spm(tok_tokenizer **out, const char *model_path, char *err, size_t 
     t->vocab = spm_vocab_size(m);
     t->bos = spm_bos_id(m);
     t->eos = spm_eos_id(m);
+    (void)tok_surface_build(t); /* on failure decoding stays with the library */
     *out = t;
     return 0;
 }
@@ -85,6 +86,7 @@ int tok_open_dir(tok_tokenizer **out, const char *model_dir, char *err, size_t e
 
 void tok_close(tok_tokenizer *t) {
     if (!t) return;
+    tok_surface_free(t->surf);
     if (t->spm) spm_free(t->spm);
     free(t);
 }
@@ -93,6 +95,7 @@ int tok_vocab_size(const tok_tokenizer *t) { return t->vocab; }
 int tok_bos_id(const tok_tokenizer *t) { return t->bos; }
 int tok_eos_id(const tok_tokenizer *t) { return t->eos; }
 int tok_is_bytes(const tok_tokenizer *t) { return t->spm == NULL; }
+int tok_decodes_by_table(const tok_tokenizer *t) { return t->surf != NULL; }
 
 int tok_encode(const tok_tokenizer *t, const char *text, size_t len, int add_bos,
                int32_t **ids, int *n_ids, char *err, size_t errlen) {
@@ -142,6 +145,10 @@ int tok_decode_len(const tok_tokenizer *t, const int32_t *ids, int n_ids, char *
     *text = NULL;
     *len = 0;
     if (check_ids(t, ids, n_ids, err, errlen) != 0) return -1;
+    if (t->surf) {
+        if (tok_surface_decode(t, ids, n_ids, text, len) == 0) return 0;
+        return fail(err, errlen, "tokenizer: decode failed (%s)", "out of memory");
+    }
     if (t->spm) return spm_decode(t->spm, ids, n_ids, text, len, err, errlen);
     char *raw = malloc((size_t)n_ids + 1);
     if (!raw) return fail(err, errlen, "tokenizer: out of memory (%s)", "decode");
@@ -175,5 +182,6 @@ int32_t tok_piece_to_id(const tok_tokenizer *t, const char *piece) {
 
 int tok_is_byte_piece(const tok_tokenizer *t, int32_t id) {
     if (id < 0 || id >= t->vocab) return 0;
+    if (t->surf) return t->surf->byte[id] >= 0;
     return t->spm ? spm_is_byte(t->spm, id) : 1;
 }

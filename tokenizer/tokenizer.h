@@ -46,6 +46,10 @@ int tok_encode(const tok_tokenizer *t, const char *text, size_t len, int add_bos
 /* Decodes ids into a malloc'd NUL-terminated string. Out-of-range ids are an error. */
 int tok_decode(const tok_tokenizer *t, const int32_t *ids, int n_ids, char **text,
                char *err, size_t errlen);
+/* 1 if a SentencePiece tokenizer decodes from its per-id table (surface.c:
+ * built and checked against the library at open), 0 if through the library
+ * for every call (or the byte tokenizer). Same text either way. */
+int tok_decodes_by_table(const tok_tokenizer *t);
 /* Same, also giving the length (decoded text never holds a NUL unless an id
  * stands for one, e.g. byte 0). */
 int tok_decode_len(const tok_tokenizer *t, const int32_t *ids, int n_ids, char **text, size_t *len,
