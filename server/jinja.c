@@ -2223,10 +2223,10 @@ static int apply_test(rctx *c, const char *name, const value *v, argv_t *a, int 
         if (!d) fail(&c->f, "line %d: division by zero", line);
         return as_int(c, v, "divisibleby()") % d == 0;
     }
-    if (!x && (!strcmp(name, "eq") || !strcmp(name, "equalto") || !strcmp(name, "==") || !strcmp(name, "ne") ||
-               !strcmp(name, "!=") || !strcmp(name, "in") || !strcmp(name, "sameas") || !strcmp(name, "lt") ||
-               !strcmp(name, "gt") || !strcmp(name, "le") || !strcmp(name, "ge")))
-        fail(&c->f, "line %d: test '%s' needs an argument", line, name);
+    static const char *const binary[] = {"eq", "equalto", "==", "ne", "!=", "in", "sameas",
+                                         "lt", "<", "gt", ">", "le", "<=", "ge", ">="};
+    for (size_t i = 0; !x && i < sizeof binary / sizeof binary[0]; i++)
+        if (!strcmp(name, binary[i])) fail(&c->f, "line %d: test '%s' needs an argument", line, name);
     if (!strcmp(name, "eq") || !strcmp(name, "equalto") || !strcmp(name, "==")) return v_equal(v, x);
     if (!strcmp(name, "ne") || !strcmp(name, "!=")) return !v_equal(v, x);
     if (!strcmp(name, "sameas")) return v_equal(v, x) && v->k == x->k;
