@@ -221,10 +221,11 @@ static int out_token(sched_out *o, int n_top, int32_t id, float lp, const int32_
 
 /* ---- wake list ---- */
 
+/* Once per client and iteration; a flag rather than a search of the list,
+ * which made a step of B streams cost B^2 / 2 comparisons. */
 static void wake_add(sched *s, sched_client *c)
 {
-    for (int i = 0; i < s->n_wake; i++)
-        if (s->wake[i] == c) return;
+    if (c->wake_queued) return;
     if (s->n_wake == s->wake_cap) {
         int cap = s->wake_cap ? s->wake_cap * 2 : 64;
         sched_client **w = realloc(s->wake, (size_t)cap * sizeof *w);
@@ -233,6 +234,7 @@ static void wake_add(sched *s, sched_client *c)
         s->wake_cap = cap;
     }
     sched_client_ref(c);
+    c->wake_queued = 1;
     s->wake[s->n_wake++] = c;
 }
 
@@ -240,6 +242,7 @@ static void wake_flush(sched *s)
 {
     for (int i = 0; i < s->n_wake; i++) {
         sched_client *c = s->wake[i];
+        c->wake_queued = 0;
         if (c->wake) c->wake(c);
         sched_client_unref(c);
     }

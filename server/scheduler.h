@@ -95,6 +95,7 @@ struct sched_client {
     /* Called by the scheduler, without mu held, after it set dirty. */
     void (*wake)(sched_client *c);
     void *wake_arg;
+    int wake_queued;               /* scheduler thread only: on its wake list (one entry per client) */
 };
 
 sched_client *sched_client_new(int n_tasks);
