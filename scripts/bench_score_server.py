@@ -3,21 +3,31 @@
 kda-server within 10% of the engine figure").
 
 Starts kda-server (prefix cache off, so no request reuses another's work), sends B concurrent
-/score requests of T random token ids, REPS times after one warm-up round, and reports the
-wall time per round (client-side: request sent to last response read, JSON included). With
---engine-json (bench-gpu.sh's results.json or kda-cli bench --json) it puts the engine's
-figure for the same B x T beside it.
+/score requests of T random token ids, REPS times after one warm-up round, each client thread
+on its own keep-alive connection (as the openai and requests clients pool them). The ids are
+drawn before the clock starts (drawing 8192 ids with random.randrange costs the client ~1.5-2 ms
+that no real client spends). Per round it reports
+  client_ms   the round's wall time as the client sees it: json.dumps of the bodies, the
+              exchange, json.loads of the answers
+  exchange_ms first request sent to last response byte read: the server's HTTP side, api_parse,
+              the engine, api_render and the transfer, without the client's own JSON work
+and per request the client's json.dumps / json.loads times and the server's own view from its
+metrics (arrival after api_parse to finish before api_render). With --engine-json (bench-gpu.sh's
+results.json or kda-cli bench --json) it puts the engine's figure for the same B x T beside
+both: server_over_engine (client_ms) and exchange_over_engine.
 
   bench_score_server.py --server build/server/kda-server --model DIR --device cuda \
       --points 1:8192,4:8192 --engine-json results.json --out score-server.json
 """
 import argparse
 import concurrent.futures
+import http.client
 import json
 import os
 import random
 import statistics
 import sys
+import threading
 import time
 import urllib.request
 
@@ -67,36 +77,65 @@ def main():
     rng = random.Random(7)
     res = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": os.environ.get("KDA_COMMIT"),
            "model": a.model, "device": a.device, "reps": a.reps, "points": []}
+    host, port = srv.url.split("//")[1].split(":")
+    local = threading.local()
+
+    def conn():
+        if not hasattr(local, "c"):
+            local.c = http.client.HTTPConnection(host, int(port), timeout=3600)
+        return local.c
+
+    def one(toks):
+        """one /score request: (dumps start, exchange start, exchange end, loads end), perf_counter seconds"""
+        t0 = time.perf_counter()
+        body = json.dumps({"tokens": toks}).encode()
+        t1 = time.perf_counter()
+        c = conn()
+        c.request("POST", "/score", body=body, headers={"Content-Type": "application/json"})
+        resp = c.getresponse()
+        raw = resp.read()
+        t2 = time.perf_counter()
+        r = json.loads(raw)
+        t3 = time.perf_counter()
+        assert resp.status == 200, raw[:300]
+        assert len(r["token_logprobs"]) in (len(toks), len(toks) - 1), len(r["token_logprobs"])
+        return t0, t1, t2, t3
+
     try:
         with concurrent.futures.ThreadPoolExecutor(maxb) as pool:
             for B, T in points:
-                def one(_):
-                    toks = [rng.randrange(3, vocab) for _ in range(T)]
-                    r = srv.post("/score", {"tokens": toks})
-                    assert len(r["token_logprobs"]) in (T, T - 1), len(r["token_logprobs"])
-                    return r
-
-                list(pool.map(one, range(B)))  # warm-up round
-                walls = []
+                rounds = [[[rng.randrange(3, vocab) for _ in range(T)] for _ in range(B)] for _ in range(a.reps + 1)]
+                list(pool.map(one, rounds[0]))  # warm-up round
+                walls, exch, dumps, loads = [], [], [], []
                 keys = ("vllm:e2e_request_latency_seconds_sum", "vllm:request_queue_time_seconds_sum",
                         "vllm:request_prefill_time_seconds_sum")
                 m0 = {k: metric_sum(srv, k) for k in keys}
-                for _ in range(a.reps):
+                for rep in range(a.reps):
                     t0 = time.perf_counter()
-                    list(pool.map(one, range(B)))
+                    ts = list(pool.map(one, rounds[rep + 1]))
                     walls.append((time.perf_counter() - t0) * 1e3)
+                    exch.append((max(t[2] for t in ts) - min(t[1] for t in ts)) * 1e3)
+                    dumps += [(t[1] - t[0]) * 1e3 for t in ts]
+                    loads += [(t[3] - t[2]) * 1e3 for t in ts]
                 e = engine_ms(a.engine_json, B, T)
                 # the server's own view per request (its vLLM-style metrics): arrival to end,
-                # queueing, admission to first output; the rest of the client's time is HTTP + JSON
+                # queueing, admission to first output; the rest of the exchange is HTTP + parse + render
                 n_req = a.reps * B
                 inside = {k.split(":")[1].replace("_seconds_sum", "_ms"): round((metric_sum(srv, k) - m0[k]) / n_req * 1e3, 2)
                           for k in keys}
-                p = {"B": B, "T": T, "server_ms_median": round(statistics.median(walls), 2), "per_request_inside": inside,
-                     "server_ms_min": round(min(walls), 2), "engine_ms": e,
-                     "server_over_engine": round(statistics.median(walls) / e, 3) if e else None}
+                med = statistics.median
+                p = {"B": B, "T": T, "server_ms_median": round(med(walls), 2), "server_ms_min": round(min(walls), 2),
+                     "exchange_ms_median": round(med(exch), 2), "exchange_ms_min": round(min(exch), 2),
+                     "client_dumps_ms_median": round(med(dumps), 2), "client_loads_ms_median": round(med(loads), 2),
+                     "per_request_inside": inside, "engine_ms": e,
+                     "server_over_engine": round(med(walls) / e, 3) if e else None,
+                     "exchange_over_engine": round(med(exch) / e, 3) if e else None}
                 res["points"].append(p)
-                print(f"/score {B} x {T}: server {p['server_ms_median']:.1f} ms (min {p['server_ms_min']:.1f})"
-                      + (f", engine {e:.1f} ms, ratio {p['server_over_engine']:.3f}" if e else "")
+                print(f"/score {B} x {T}: client {p['server_ms_median']:.1f} ms (min {p['server_ms_min']:.1f}), "
+                      f"exchange {p['exchange_ms_median']:.1f} (client dumps {p['client_dumps_ms_median']:.2f}, "
+                      f"loads {p['client_loads_ms_median']:.2f} per request)"
+                      + (f", engine {e:.1f} ms, ratio client {p['server_over_engine']:.3f} / exchange "
+                         f"{p['exchange_over_engine']:.3f}" if e else "")
                       + f"; per request inside the server {inside}", flush=True)
     finally:
         srv.stop()
