@@ -27,10 +27,11 @@
  *
  * With the tokenizer's surface table (surface.c, built from the same two
  * facts and checked against the library at open) the common case costs no
- * decode at all: a non-byte id pushed onto a window that is just its anchor
- * emits the id's table text, exactly what decode([anchor, id]) adds, and
- * the table says whether the id anchors the next window (decode([id]) is
- * non-empty). The scheduler pushes every generated token of every sequence,
+ * decode at all: while everything the window decodes to has been emitted
+ * and ends on a whole character, a non-byte id emits its table text
+ * (exactly what decode([anchor, ..., id]) adds) and an ASCII byte piece its
+ * one byte; the table says whether the id anchors the next window
+ * (decode([id]) is non-empty). Other byte pieces take the library path. The scheduler pushes every generated token of every sequence,
  * so this is per-step host work proportional to the batch.
  */
 #include <stdlib.h>
@@ -43,7 +44,8 @@ struct tok_stream {
     int32_t *win;          /* [cap] ids since the anchor (win[0]), or since the start */
     int n, cap;
     size_t done;           /* bytes of decode(win) already emitted */
-    int anchored;          /* win is [anchor] and done its whole text: the table's fast case */
+    int anchored;          /* the table's fast case: win starts at an anchor, done is decode(win)'s
+                              whole text, and it ends on a whole character */
     unsigned char *bytes;  /* [cap] scratch: the bytes of a trailing byte run */
     char *out;             /* [out_cap] what the last push/flush returned */
     size_t out_cap;
@@ -144,15 +146,19 @@ const char *tok_stream_push(tok_stream *s, int32_t id, size_t *len) {
     }
 
     const tok_surface *sf = s->t->surf;
-    if (sf && s->anchored && s->n == 2 && sf->byte[id] < 0) {
-        const char *r = emit(s, sf->text + sf->off[id], sf->off[id + 1] - sf->off[id], len);
-        if (sf->solo[id] > 0) {
+    if (sf && s->anchored && sf->byte[id] < 0x80) { /* a non-byte id (-1) or an ASCII byte piece */
+        /* win[0..n-1) is fully emitted, its text is non-empty and ends on a
+         * whole character: a non-byte id adds its table text, an ASCII byte
+         * piece (a newline, say) its one character */
+        char ch = (char)sf->byte[id];
+        const char *r = sf->byte[id] >= 0 ? emit(s, &ch, 1, len)
+                                          : emit(s, sf->text + sf->off[id], sf->off[id + 1] - sf->off[id], len);
+        if (sf->byte[id] < 0 && sf->solo[id] > 0) { /* the next anchor */
             s->win[0] = id;
             s->n = 1;
             s->done = sf->solo[id];
-        } else {                /* BOS / EOS / a lone space: the window grows */
+        } else {                /* BOS / EOS / a lone space / a byte: the window grows, still all emitted */
             s->done += *len;
-            s->anchored = 0;
         }
         return r;
     }
