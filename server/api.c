@@ -1218,22 +1218,15 @@ static oa_pos oa_at(const oa_positions *ps, int i)
     return (oa_pos){o->ids[k], 1, o->lps[k], n ? o->top_ids + (size_t)k * n : NULL, n ? o->top_lps + (size_t)k * n : NULL, n};
 }
 
-/* cJSON_HasObjectItem's comparison of the texts (ASCII case folding), which chose
- * the keys before. Compared on the JSON strings: the escapes are lowercase and begin
- * with '\\', which folding leaves alone, so two escaped strings fold to the same bytes
- * exactly when their texts do. */
+/* Two alternatives are one key of the JSON object when their texts are equal, byte
+ * for byte, as a Python dict (vLLM's) keeps them. ("The" and "the" are two keys: the
+ * cJSON renderer this replaced folded ASCII case, which dropped the second, and with it
+ * lm-eval's is_greedy saw no better alternative when the model preferred the other case.)
+ * Compared on the escaped JSON strings, which are equal exactly when the texts are. */
 static int same_key(const api_ctx *ctx, const api_token_entry *a, const api_token_entry *b)
 {
     if (a == b) return 1;
-    if (a->json_len != b->json_len) return 0;
-    const unsigned char *x = (const unsigned char *)token_json(ctx, a), *y = (const unsigned char *)token_json(ctx, b);
-    for (size_t i = 0; i < a->json_len; i++) {
-        unsigned char p = x[i], q = y[i];
-        if (p >= 'A' && p <= 'Z') p += 32;
-        if (q >= 'A' && q <= 'Z') q += 32;
-        if (p != q) return 0;
-    }
-    return 1;
+    return a->json_len == b->json_len && !memcmp(token_json(ctx, a), token_json(ctx, b), a->json_len);
 }
 
 /* One position's alternatives, the chosen id first as vLLM does (lm-eval's is_greedy

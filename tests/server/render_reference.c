@@ -197,7 +197,7 @@ static void oa_add(const api_ctx *ctx, oa_logprobs *l, int32_t id, int has_lp, f
     for (int k = 0; k < n_top; k++) {
         size_t m = token_text(ctx, top_ids[k], buf, sizeof buf);
         char *a = utf8_clean(buf, m);
-        if (a && !cJSON_HasObjectItem(d, a)) cJSON_AddNumberToObject(d, a, top_lps[k]);
+        if (a && !cJSON_GetObjectItemCaseSensitive(d, a)) cJSON_AddNumberToObject(d, a, top_lps[k]);
         free(a);
     }
     cJSON_AddItemToArray(l->top, d);

@@ -368,6 +368,45 @@ static void check_job(int kind)
     free(body);
 }
 
+/* Alternatives whose texts differ only in case are two keys ("a" and "A"); the same text
+ * twice is one, the chosen token's own log-prob first. Byte tokenizer: id 97 is "a". */
+static void test_alternatives_differing_in_case_are_two_keys(void **state)
+{
+    const api_ctx *ctx = *state;
+    const char *body = "{\"prompt\":[66,67],\"max_tokens\":1,\"logprobs\":3}";
+    api_job *j = NULL;
+    api_error e = {0};
+    assert_int_equal(api_parse(ctx, API_COMPLETIONS, body, strlen(body), &j, &e), 0);
+    sched_task *t = &j->client->tasks[0];
+    assert_int_equal(t->n_top, 3);
+    sched_out *o = &t->out;
+    o->cap = 1;
+    o->ids = calloc(1, sizeof *o->ids), o->lps = calloc(1, sizeof *o->lps);
+    o->top_ids = calloc(3, sizeof *o->top_ids), o->top_lps = calloc(3, sizeof *o->top_lps);
+    o->ids[0] = 'a', o->lps[0] = -0.75f;
+    const int32_t top[3] = {'a', 'A', 'a'};
+    const float top_lp[3] = {-0.75f, -0.5f, -0.75f};
+    memcpy(o->top_ids, top, sizeof top), memcpy(o->top_lps, top_lp, sizeof top_lp);
+    sched_out_text(o, "a", 1);
+    o->n = 1, t->n_gen = 1, t->finish = SCHED_FINISH_LENGTH;
+    t->prompt_lps = calloc((size_t)t->n_prompt, sizeof *t->prompt_lps);
+    int st = 0;
+    size_t n = 0;
+    char *r = api_render(j, &st, &n);
+    assert_non_null(r);
+    cJSON *doc = cJSON_Parse(r);
+    const cJSON *tl = cJSON_GetObjectItemCaseSensitive(
+        cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(doc, "choices"), 0),
+                                         "logprobs"), "top_logprobs");
+    const cJSON *d = cJSON_GetArrayItem(tl, 0);
+    if (cJSON_GetArraySize(d) != 2) fail_msg("top_logprobs[0] of %s", r);
+    assert_true(cJSON_GetObjectItemCaseSensitive(d, "a")->valuedouble == -0.75);
+    assert_true(cJSON_GetObjectItemCaseSensitive(d, "A")->valuedouble == -0.5);
+    cJSON_Delete(doc);
+    free(r);
+    api_job_free(j);
+}
+
 static void test_responses_match_the_cjson_renderer(void **state)
 {
     cur_ctx = *state;
@@ -403,6 +442,12 @@ int main(int argc, char **argv)
         const struct CMUnitTest whole[] = {
             cmocka_unit_test_prestate(test_responses_match_the_cjson_renderer, &ctx),
         };
+        if (!k) {
+            const struct CMUnitTest keys[] = {
+                cmocka_unit_test_prestate(test_alternatives_differing_in_case_are_two_keys, &ctx),
+            };
+            failed += cmocka_run_group_tests_name("alternatives (bytes)", keys, NULL, NULL);
+        }
         failed += cmocka_run_group_tests_name(k ? "responses (sentencepiece)" : "responses (bytes)", whole, NULL, NULL);
         api_ctx_free(&ctx);
         tok_close(toks[k]);
