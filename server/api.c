@@ -1785,17 +1785,29 @@ char *api_detokenize(const api_ctx *ctx, const char *body, size_t len, api_error
     cJSON *t = field(o, "tokens");
     if (!t || !cJSON_IsArray(t)) { fail_p(e, 400, "tokens", "\"tokens\" must be an array of token ids"); goto out; }
     if (get_tokens(ctx, t, "tokens", &ids, &n, e)) goto out;
-    if (tok_decode(ctx->tok, ids, n, &text, err, sizeof err) != 0) { fail_p(e, 400, "tokens", "\"tokens\": %s", err); goto out; }
-    size_t bound = 64 + 2 * json_text_bytes(text, strlen(text));   /* the text twice, "prompt" and "text" */
+    size_t tlen = 0;
+    if (tok_decode_len(ctx->tok, ids, n, &text, &tlen, err, sizeof err) != 0) { fail_p(e, 400, "tokens", "\"tokens\": %s", err); goto out; }
+    size_t bound = 64 + 2 * json_text_bytes(text, tlen);   /* the text twice, "prompt" and "text" */
     if (ctx->max_response_bytes && bound > ctx->max_response_bytes) {
         fail_p(e, 400, "tokens", "the response would take %zu bytes (%d tokens): above the limit of %zu bytes "
                                  "(--max-response-bytes); send fewer tokens", bound, n, ctx->max_response_bytes);
         goto out;
     }
-    cJSON *r = cJSON_CreateObject();
-    add_text(r, "prompt", text, strlen(text));
-    add_text(r, "text", text, strlen(text));
-    res = print_json(r, out_len);
+    /* by length: an id that stands for a NUL byte (the byte tokenizer's 0) becomes
+     * U+FFFD like any other byte JSON text cannot carry, rather than ending the text */
+    json_buf b = {0};
+    json_lit(&b, "{\"prompt\":");
+    json_text(&b, text, tlen);
+    json_lit(&b, ",\"text\":");
+    json_text(&b, text, tlen);
+    json_char(&b, '}');
+    if (b.failed) {
+        json_buf_free(&b);
+        fail(e, 500, "out of memory");
+        goto out;
+    }
+    res = b.p;
+    *out_len = b.len;
 out:
     free(ids);
     free(text);

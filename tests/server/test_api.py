@@ -53,6 +53,9 @@ r = post("/tokenize", {"text": text}).json()
 check(r["tokens"] == list(text.encode()), "byte tokenizer: /tokenize gives the UTF-8 bytes", str(r))
 r = post("/detokenize", {"tokens": list(text.encode())}).json()
 check(r["text"] == text, "/detokenize inverts /tokenize")
+r = post("/detokenize", {"tokens": [104, 0, 105, 0]}).json()
+check(r["text"] == "h\ufffdi\ufffd" and r["prompt"] == r["text"],
+      "/detokenize: a NUL byte id becomes U+FFFD (as in generated text), not the end of the text", r)
 
 # ---- greedy output equals kda-cli ----
 prompt_ids = list(b"The quick brown fox")
