@@ -142,6 +142,13 @@ static void observe(histogram *h, double v)
 
 void metrics_ttft(double s) { pthread_mutex_lock(&m.mu); observe(&m.ttft, s); pthread_mutex_unlock(&m.mu); }
 void metrics_itl(double s) { pthread_mutex_lock(&m.mu); observe(&m.itl, s); pthread_mutex_unlock(&m.mu); }
+void metrics_itl_many(const double *s, int n)
+{
+    if (n <= 0) return;
+    pthread_mutex_lock(&m.mu);
+    for (int i = 0; i < n; i++) observe(&m.itl, s[i]);
+    pthread_mutex_unlock(&m.mu);
+}
 
 void metrics_step(double s, int n_tokens, int n_seqs)
 {

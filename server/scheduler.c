@@ -109,6 +109,8 @@ struct sched {
     int n_run;
     kda_batch_item *items;      /* [max_batch] */
     run_seq **item_seq;         /* [max_batch] */
+    double *itl;                /* [max_batch] inter-token gaps of one step, recorded together */
+    int n_itl, n_gen_step;      /* gaps and generated tokens of the step so far */
     int32_t *targets;           /* [n_targets] prompt targets of one step, handed out in item order */
     int n_targets;
     sched_client **wake;        /* clients to wake after this iteration, one ref each */
@@ -403,7 +405,7 @@ static void on_token(sched *s, run_seq *r, int32_t id, float lp)
     r->gen[r->n_gen++] = id;
     min_tokens_reached(r);
     if (r->n_gen == 1) metrics_ttft(now - t->t_submit);
-    else metrics_itl(now - r->t_last);
+    else if (s->n_itl < s->o.max_batch) s->itl[s->n_itl++] = now - r->t_last;
     r->t_last = now;
 
     s->emit_len = 0;
@@ -438,7 +440,7 @@ static void on_token(sched *s, run_seq *r, int32_t id, float lp)
     c->dirty = 1;
     slow = c->stream && t->out.len > s->o.max_pending;
     pthread_mutex_unlock(&c->mu);
-    metrics_generated_tokens(1);
+    s->n_gen_step++;
 
     if (oom) task_finish(s, r, SCHED_FINISH_ERROR, "out of memory while buffering output");
     else if (slow) task_finish(s, r, SCHED_FINISH_ABORT, "client is not reading its stream");
@@ -764,6 +766,10 @@ static void step(sched *s)
         }
         on_token(s, r, r->sampled, r->sampled_lp);
     }
+    /* the metrics' lock once a step, not twice per token (HTTP threads take it too) */
+    metrics_itl_many(s->itl, s->n_itl);
+    if (s->n_gen_step) metrics_generated_tokens(s->n_gen_step);
+    s->n_itl = s->n_gen_step = 0;
 }
 
 /* ---- the loop ---- */
@@ -868,6 +874,11 @@ static void admit(sched *s)
     cache_gauges(s);
 }
 
+static void sched_free_arrays(sched *s)
+{
+    free(s->running); free(s->items); free(s->item_seq); free(s->itl); free(s->targets);
+}
+
 static void *sched_main(void *arg)
 {
     sched *s = arg;
@@ -927,12 +938,13 @@ int sched_start(sched **out, kda_engine *e, const tok_tokenizer *tok, const sche
     s->running = calloc((size_t)o->max_batch, sizeof *s->running);
     s->items = calloc((size_t)o->max_batch, sizeof *s->items);
     s->item_seq = calloc((size_t)o->max_batch, sizeof *s->item_seq);
+    s->itl = calloc((size_t)o->max_batch, sizeof *s->itl);
     /* a step's prompt tokens: at most the larger budget, or one chunk beyond it */
     s->n_targets = (o->step_tokens > o->step_tokens_idle ? o->step_tokens : o->step_tokens_idle) + o->prefill_chunk;
     s->targets = calloc((size_t)s->n_targets, sizeof *s->targets);
-    if (!s->running || !s->items || !s->item_seq || !s->targets) {
+    if (!s->running || !s->items || !s->item_seq || !s->itl || !s->targets) {
         snprintf(err, errlen, "out of memory for a batch of %d", o->max_batch);
-        free(s->running); free(s->items); free(s->item_seq); free(s->targets); free(s);
+        sched_free_arrays(s); free(s);
         return -1;
     }
     if (o->prefix_cache_bytes && s->info->max_snapshots > 0) {
@@ -942,7 +954,7 @@ int sched_start(sched **out, kda_engine *e, const tok_tokenizer *tok, const sche
         if (!s->pc || !s->key) {
             snprintf(err, errlen, "out of memory for the prefix cache");
             pc_free(s->pc); free(s->key);
-            free(s->running); free(s->items); free(s->item_seq); free(s->targets); free(s);
+            sched_free_arrays(s); free(s);
             return -1;
         }
         s->grid = sched_prefix_grid(s->info, o);
@@ -952,7 +964,7 @@ int sched_start(sched **out, kda_engine *e, const tok_tokenizer *tok, const sche
     if (pthread_create(&s->thread, NULL, sched_main, s) != 0) {
         snprintf(err, errlen, "could not start the scheduler thread");
         pc_free(s->pc); free(s->key);
-        free(s->running); free(s->items); free(s->item_seq); free(s->targets); free(s);
+        sched_free_arrays(s); free(s);
         return -1;
     }
     *out = s;
@@ -1041,7 +1053,7 @@ void sched_stop(sched *s)
     }
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
-    free(s->running); free(s->items); free(s->item_seq); free(s->targets);
+    sched_free_arrays(s);
     free(s->wake); free(s->emit); free(s->key);
     free(s);
 }
