@@ -26,7 +26,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_prefix import Server  # noqa: E402
-from bench_score_server import metric_sum  # noqa: E402
+from bench_score_server import metric_sum, timed_post  # noqa: E402
 
 KEYS = ("vllm:e2e_request_latency_seconds_sum", "vllm:request_prefill_time_seconds_sum",
         "vllm:request_queue_time_seconds_sum")
@@ -72,16 +72,7 @@ def main():
 
             def one(rep):
                 path, body = body_of(rep)
-                t0 = time.perf_counter()
-                data = json.dumps(body).encode()
-                t1 = time.perf_counter()
-                conn.request("POST", path, body=data, headers={"Content-Type": "application/json"})
-                resp = conn.getresponse()
-                raw = resp.read()
-                t2 = time.perf_counter()
-                r = json.loads(raw)
-                t3 = time.perf_counter()
-                assert resp.status == 200, raw[:300]
+                _, raw, r, (t0, t1, t2, t3) = timed_post(conn, path, body)
                 n = len(r["token_logprobs"]) if route == "score" else len(r["choices"][0]["logprobs"]["tokens"])
                 assert n in (T - 1, T + 1), n
                 return (t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3, len(raw)

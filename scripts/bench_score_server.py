@@ -45,6 +45,23 @@ def engine_ms(path, B, T):
     return None
 
 
+def timed_post(conn, path, body):
+    """POST body as JSON over the http.client connection conn: (response, raw bytes, parsed JSON,
+    (t0, t1, t2, t3)) with perf_counter seconds: json.dumps from t0 to t1, the exchange (request
+    sent to last byte read) to t2, json.loads to t3"""
+    t0 = time.perf_counter()
+    data = json.dumps(body).encode()
+    t1 = time.perf_counter()
+    conn.request("POST", path, body=data, headers={"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    raw = resp.read()
+    t2 = time.perf_counter()
+    r = json.loads(raw)
+    t3 = time.perf_counter()
+    assert resp.status == 200, raw[:300]
+    return resp, raw, r, (t0, t1, t2, t3)
+
+
 def metric_sum(srv, name):
     """name's value summed over its label sets (0 if absent)"""
     with urllib.request.urlopen(srv.url + "/metrics", timeout=10) as r:
@@ -87,19 +104,9 @@ def main():
 
     def one(toks):
         """one /score request: (dumps start, exchange start, exchange end, loads end), perf_counter seconds"""
-        t0 = time.perf_counter()
-        body = json.dumps({"tokens": toks}).encode()
-        t1 = time.perf_counter()
-        c = conn()
-        c.request("POST", "/score", body=body, headers={"Content-Type": "application/json"})
-        resp = c.getresponse()
-        raw = resp.read()
-        t2 = time.perf_counter()
-        r = json.loads(raw)
-        t3 = time.perf_counter()
-        assert resp.status == 200, raw[:300]
+        _, _, r, ts = timed_post(conn(), "/score", {"tokens": toks})
         assert len(r["token_logprobs"]) in (len(toks), len(toks) - 1), len(r["token_logprobs"])
-        return t0, t1, t2, t3
+        return ts
 
     try:
         with concurrent.futures.ThreadPoolExecutor(maxb) as pool:

@@ -141,7 +141,6 @@ static void observe(histogram *h, double v)
 }
 
 void metrics_ttft(double s) { pthread_mutex_lock(&m.mu); observe(&m.ttft, s); pthread_mutex_unlock(&m.mu); }
-void metrics_itl(double s) { pthread_mutex_lock(&m.mu); observe(&m.itl, s); pthread_mutex_unlock(&m.mu); }
 void metrics_itl_many(const double *s, int n)
 {
     if (n <= 0) return;

@@ -25,7 +25,6 @@ void metrics_prompt_tokens(long n);
 void metrics_generated_tokens(long n);
 void metrics_cancelled(void);
 void metrics_ttft(double seconds);
-void metrics_itl(double seconds);
 void metrics_itl_many(const double *seconds, int n); /* n gaps under one lock (a step's) */
 void metrics_step(double seconds, int n_tokens, int n_seqs);
 void metrics_queue(int waiting, int running);

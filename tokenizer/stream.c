@@ -167,16 +167,15 @@ const char *tok_stream_push(tok_stream *s, int32_t id, size_t *len) {
     if (k == 0) return emit(s, "", 0, len);
     const char *r = emit_window(s, k, len);
     if (k == s->n && !tok_is_byte_piece(s->t, id)) {
+        size_t solo_len = 0; /* decode([id]) alone: the table has it */
         char *solo;
-        size_t solo_len;
-        if (tok_decode_len(s->t, &id, 1, &solo, &solo_len, NULL, 0) == 0) {
-            if (solo_len > 0) {   /* an anchor: restart the window at it */
-                s->win[0] = id;
-                s->n = 1;
-                s->done = solo_len;
-                s->anchored = 1;
-            }
-            free(solo);
+        if (sf) solo_len = sf->solo[id];
+        else if (tok_decode_len(s->t, &id, 1, &solo, &solo_len, NULL, 0) == 0) free(solo);
+        if (solo_len > 0) {   /* an anchor: restart the window at it */
+            s->win[0] = id;
+            s->n = 1;
+            s->done = solo_len;
+            s->anchored = 1;
         }
     }
     return r;

@@ -44,24 +44,6 @@ void tok_surface_free(tok_surface *s) {
     free(s);
 }
 
-/* Bytes under the U+FFFD rule, appended at out (room for 3 per byte). */
-static size_t put_sanitized(char *out, const unsigned char *b, size_t n) {
-    size_t o = 0;
-    for (size_t i = 0; i < n;) {
-        int k = tok_utf8_char_len((const char *)b + i, n - i);
-        if (k > 0) {
-            memcpy(out + o, b + i, (size_t)k);
-            o += (size_t)k;
-            i += (size_t)k;
-        } else {
-            memcpy(out + o, "\xEF\xBF\xBD", 3);
-            o += 3;
-            i++;
-        }
-    }
-    return o;
-}
-
 /* decode(ids[0..q)) + the table's text for ids[q..n), where decode(ids[0..q))
  * is head (non-empty, ids[q-1] not a byte piece). */
 static int decode_tail(const tok_surface *s, const char *head, size_t hl, const int32_t *ids, int q, int n,
@@ -82,19 +64,19 @@ static int decode_tail(const tok_surface *s, const char *head, size_t hl, const 
              * so flushing a full buffer early cannot change its text. */
             if (nrun >= (int)sizeof run - 4) {
                 size_t keep = tok_utf8_incomplete_tail((const char *)run, (size_t)nrun);
-                o += put_sanitized(out + o, run, (size_t)nrun - keep);
+                o += tok_utf8_sanitize_to(out + o, (const char *)run, (size_t)nrun - keep);
                 memmove(run, run + nrun - (int)keep, keep);
                 nrun = (int)keep;
             }
             run[nrun++] = (unsigned char)s->byte[id];
             continue;
         }
-        if (nrun) o += put_sanitized(out + o, run, (size_t)nrun), nrun = 0;
+        if (nrun) o += tok_utf8_sanitize_to(out + o, (const char *)run, (size_t)nrun), nrun = 0;
         const uint32_t a = s->off[id], b = s->off[id + 1];
         memcpy(out + o, s->text + a, b - a);
         o += b - a;
     }
-    if (nrun) o += put_sanitized(out + o, run, (size_t)nrun);
+    if (nrun) o += tok_utf8_sanitize_to(out + o, (const char *)run, (size_t)nrun);
     out[o] = '\0';
     *text = out;
     *len = o;
@@ -132,7 +114,7 @@ static uint32_t lcg(uint32_t *x) {
 /* One random id sequence rich in what decoding treats specially: byte runs
  * (whole characters and stray bytes), BOS / EOS / <unk>, lone-space pieces,
  * leading positions. */
-static int random_ids(const tok_tokenizer *t, const tok_surface *s, const int32_t *byte_id, int32_t space,
+static int random_ids(const tok_tokenizer *t, const int32_t *byte_id, int32_t space,
                       uint32_t *x, int32_t *ids, int cap) {
     int n = 1 + (int)(lcg(x) % (uint32_t)(cap - 4));
     int k = 0;
@@ -163,7 +145,6 @@ static int random_ids(const tok_tokenizer *t, const tok_surface *s, const int32_
             ids[k++] = space;
         }
     }
-    (void)s;
     return k < cap ? k : cap;
 }
 
@@ -253,7 +234,7 @@ int tok_surface_build(tok_tokenizer *t) {
     int32_t ids[48];
     uint32_t x = 12345u;
     for (int iter = 0; iter < 400; iter++) {
-        int n = random_ids(t, s, byte_id, space, &x, ids, (int)(sizeof ids / sizeof ids[0]));
+        int n = random_ids(t, byte_id, space, &x, ids, (int)(sizeof ids / sizeof ids[0]));
         if (!agrees(t, ids, n)) {
             t->surf = NULL;
             tok_surface_free(s);

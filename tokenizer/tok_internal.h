@@ -28,6 +28,10 @@ struct tok_tokenizer {
     char byte_pieces[256][7];   /* "<0x41>": the byte tokenizer's pieces */
 };
 
+/* tok_utf8_sanitize into out (room for 3 bytes per input byte, no NUL added);
+ * returns the bytes written. */
+size_t tok_utf8_sanitize_to(char *out, const char *s, size_t len);
+
 /* Builds t->surf and checks it against the library; -1 (t->surf NULL) if it
  * cannot be built or disagrees anywhere. */
 int tok_surface_build(tok_tokenizer *t);

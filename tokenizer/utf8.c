@@ -60,10 +60,7 @@ size_t tok_utf8_incomplete_tail(const char *s, size_t len) {
     return 0;
 }
 
-char *tok_utf8_sanitize(const char *s, size_t len, size_t *out_len) {
-    /* Worst case every byte becomes the 3-byte U+FFFD. */
-    char *out = malloc(len * 3 + 1);
-    if (!out) return NULL;
+size_t tok_utf8_sanitize_to(char *out, const char *s, size_t len) {
     size_t o = 0;
     for (size_t i = 0; i < len;) {
         int n = tok_utf8_char_len(s + i, len - i);
@@ -77,6 +74,14 @@ char *tok_utf8_sanitize(const char *s, size_t len, size_t *out_len) {
             i += 1;
         }
     }
+    return o;
+}
+
+char *tok_utf8_sanitize(const char *s, size_t len, size_t *out_len) {
+    /* Worst case every byte becomes the 3-byte U+FFFD. */
+    char *out = malloc(len * 3 + 1);
+    if (!out) return NULL;
+    size_t o = tok_utf8_sanitize_to(out, s, len);
     out[o] = '\0';
     if (out_len) *out_len = o;
     return out;
