@@ -66,9 +66,6 @@ typedef struct {
     int gu_bf16;         /* CUDA: steps above gemv_max_t rows store the MLP's gate|up GEMM output as bf16
                           * (cuBLAS rounds each fp32 sum once, as a bf16 PyTorch model does) and SwiGLU
                           * reads it: half the bytes of the widest activation (1); 0 = fp32 */
-    int kda_tiled;       /* CUDA: column-tiled KDA step in clusters (0: measured 6-7% slower) */
-    int kda_tile_occ;    /* CUDA: blocks per SM of the tiled KDA kernel, 2 or 3 (2) */
-    int kda_tile_clusters; /* CUDA: cap on persistent clusters of the tiled kernel (0 = as many as fit) */
     int attn_split;      /* CUDA: force one decode-attention split size 32/64/128/256 (0 = by shape) */
     int fast_prefill;    /* CUDA: prompt chunks through the chunked KDA kernel, flash prefill attention
                             and the fused log-prob kernel (1); 0 = the per-token kernels */

@@ -371,12 +371,12 @@ static void report(const cuda_backend *b)
             "cuda: %s, pool %zu MiB: weights %zu MiB, KV %zu MiB (%d blocks x %d tokens, %zu KiB/token), "
             "KDA state %zu MiB (%d slots x %.1f MiB), prefix snapshots %zu MiB (%d slots), activations %zu MiB (%d rows); "
             "max concurrent sequences at full context (%d tokens): %d; gemv<=%d rows, graphs %s, pdl %s, "
-            "cuBLASLt plans %s, KDA kernel %s, prefill %s (%d rows per pass)\n",
+            "cuBLASLt plans %s, prefill %s (%d rows per pass)\n",
             b->devname, lo->total >> 20, lo->weight_bytes >> 20, lo->kv_bytes >> 20, lo->n_blocks, KV_BLK,
             d->n_gqa ? d->block_elems * 2 / KV_BLK / 1024 : 0, lo->state_bytes >> 20, d->max_seqs,
             d->slot_floats * 4 / 1048576.0, lo->snap_bytes >> 20, d->n_snaps, lo->act_bytes >> 20, d->TM, d->max_seq_len,
             full < d->max_seqs ? full : d->max_seqs, b->tn.gemv_max_t, b->tn.graphs ? "on" : "off",
-            b->tn.pdl ? "on" : "off", b->glt ? "on" : "off", b->tn.kda_tiled ? "tiled" : "block per head",
+            b->tn.pdl ? "on" : "off", b->glt ? "on" : "off",
             b->fast_prefill ? "chunked KDA + flash attention" : "per-token kernels", d->PM);
 }
 
@@ -404,9 +404,9 @@ int cuda_backend_create(backend **out, const backend_params *p, char *err, size_
     b->base.destroy = cuda_destroy; /* for the fail path */
     rc = cp_dims_init(&b->d, c, p->w, p->max_seqs, p->max_seq_len, b->tn.prefill_rows, b->tn.kda_state_bf16, err,
                       errlen);
-    if (!rc && b->tn.kda_state_bf16 && (b->tn.kda_tiled || b->tn.kda_chunk_split > 1)) {
+    if (!rc && b->tn.kda_state_bf16 && b->tn.kda_chunk_split > 1) {
         snprintf(err, errlen, "bf16 KDA state (kda_state_bf16) works with the default KDA kernels only, not with "
-                 "kda_tiled or kda_chunk_split");
+                 "kda_chunk_split");
         rc = KDA_EUNSUP;
     }
     if (rc) goto fail;

@@ -229,19 +229,13 @@ extern "C" int kc_bench_kernels(kc_bench_row *rows, int max)
         cudaMalloc((void **)&lr, (size_t)B * (HK + HV) * 4);
         a.lowrank = lr, a.lowrank_rows = B;
         char name[128];
-        /* the block-per-head kernel (default), the persistent column-tiled
-         * cluster kernel at 2 and at 3 blocks per SM */
-        for (int tiled = 0; tiled < 3; tiled++) {
-            a.tiled = tiled > 0;
-            a.tile_occ = tiled == 2 ? 3 : 2;
-            ms = median_ms(run_kda, &a, 20);
-            snprintf(name, sizeof name, "kda lowrank+step%s B=%d (state read+write)",
-                     tiled == 1 ? " [tiled occ2]" : tiled == 2 ? " [tiled occ3]" : "", B);
-            emit(&bo, name, 2.0 * B * H * K * V * 4, ms);
-        }
+        /* the block-per-head kernel (the column-tiled variant is in kernels/lab/) */
+        ms = median_ms(run_kda, &a, 20);
+        snprintf(name, sizeof name, "kda lowrank+step B=%d (state read+write)", B);
+        emit(&bo, name, 2.0 * B * H * K * V * 4, ms);
         /* the default kernel with the state stored as bf16 (--kda-state-dtype
          * bf16): half the bytes; the slot stride stays, only S shrinks */
-        a.tiled = 0, a.state_bf16 = 1;
+        a.state_bf16 = 1;
         ms = median_ms(run_kda, &a, 20);
         snprintf(name, sizeof name, "kda lowrank+step [bf16 state] B=%d (state read+write)", B);
         emit(&bo, name, 2.0 * B * H * K * V * 2, ms);

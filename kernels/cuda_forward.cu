@@ -136,9 +136,6 @@ static int kda_mixer(cuda_backend *b, const cu_layer *w, int T, int n_items, cud
     a.ldy = d->HV;
     a.lowrank = b->lowrank;
     a.lowrank_rows = T;
-    a.tiled = b->tn.kda_tiled;
-    a.tile_occ = b->tn.kda_tile_occ;
-    a.tile_clusters = b->tn.kda_tile_clusters;
     if (b->kda_preconv) {
         a.convw = c->short_conv ? w->convw : NULL;
         a.conv_bias = w->conv_bias;

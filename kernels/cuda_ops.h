@@ -114,12 +114,11 @@ typedef struct {
      * G1 g0 are computed for all rows by a separate GEMM-like kernel first */
     float *lowrank;
     int lowrank_rows;
-    /* variant: the persistent column-tiled cluster kernel (needs lowrank),
-     * at tile_occ (2 or 3) blocks per SM, at most tile_clusters clusters (0 =
-     * as many as fit) */
-    int tiled, tile_occ, tile_clusters;
 } kc_kda_args;
 int kc_kda_step(const kc_kda_args *a, cudaStream_t s);
+/* The low-rank pass alone (F1 f0 and G1 g0 of every row into a->lowrank; no-op
+ * without it), which kc_kda_step runs first; for the kernel lab's step variants. */
+int kc_kda_lowrank(const kc_kda_args *a, cudaStream_t s);
 /* The short conv alone, in place: for every live item, the q | k | v columns
  * of its rows become SiLU(causal conv over (tail ++ rows) + conv_bias) (SiLU
  * alone when convw is NULL), and the slot's conv tail moves on; one thread per

@@ -2,8 +2,8 @@
 # Run ON THE GPU MACHINE (after scripts/gpu-prepare.sh here; carry
 # [".carry.tar.xz", ".whl"]): every CUDA correctness check in one call, in
 # three lanes at once (the card and the machine's 16 cores have room):
-#   lane 1  the kernel tests against the CPU reference (test_kernels,
-#           test_kda_chunk, test_prefill_ops), the whole-model tests with the
+#   lane 1  the kernel tests against the CPU reference (test_kernels, the
+#           kernel lab's, test_kda_chunk, test_prefill_ops), the whole-model tests with the
 #           1.7B case (test_cuda_model) and a kda-server --device cuda smoke
 #           test (greedy output equals kda-cli on the CPU, JSON and SSE);
 #   lane 2  compute-sanitizer (memcheck on the three kernel tests, racecheck on
@@ -44,6 +44,11 @@ gen_pid=$!
 lane1() {
   step 1 test_kernels 150 "$LOG/test_kernels.txt" $B/tests/kernels/test_kernels
   grep -E "PASSED|FAILED|ERROR" "$LOG/test_kernels.txt" | tail -6 >> "$S"
+  # the kernel lab's variants (kernels/lab/README.md): test, then their benchmark against production
+  step 1 lab_kda_step_tiled 90 "$LOG/lab_kda_step_tiled.txt" $B/kernels/lab/lab_kda_step_tiled
+  grep -E "PASSED|FAILED|ERROR" "$LOG/lab_kda_step_tiled.txt" | tail -4 >> "$S"
+  step 1 lab_kda_step_tiled_bench 60 "$LOG/lab_kda_step_tiled_bench.txt" $B/kernels/lab/lab_kda_step_tiled --bench
+  cat "$LOG/lab_kda_step_tiled_bench.txt" >> "$S"
   step 1 test_kda_chunk 200 "$LOG/test_kda_chunk.txt" $B/tests/kernels/test_kda_chunk
   grep -E "FAIL|PASSED|FAILED|test_kda_chunk:" "$LOG/test_kda_chunk.txt" | head -30 >> "$S"
   step 1 test_prefill_ops 120 "$LOG/test_prefill_ops.txt" $B/tests/kernels/test_prefill_ops
