@@ -108,6 +108,51 @@ static __device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f
 static __device__ __forceinline__ float siluf_(float x) { return x / (1.0f + expf(-x)); }
 static __device__ __forceinline__ float softplusf_(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
+/* the block's dynamic shared memory (the emulator supplies its own) */
+#ifndef KC_DYNAMIC_SMEM
+#define KC_DYNAMIC_SMEM(name) extern __shared__ __align__(128) float name[]
+#endif
+
+/* 16-byte global -> shared copy, in flight until cp_async_wait; full = false
+ * fills the 16 bytes with zeros instead (src is then not read). KC_EMU: the
+ * CPU emulator of tests/kernels/emu runs these kernels without a GPU. */
+static __device__ __forceinline__ void cp_async16(void *dst, const void *src, bool full)
+{
+#if defined(__CUDA_ARCH__)
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(full ? 16 : 0) : "memory");
+#elif defined(KC_EMU)
+    kc_emu_cp_async16(dst, src, full);
+#endif
+}
+static __device__ __forceinline__ void cp_async_commit()
+{
+#if defined(__CUDA_ARCH__)
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+#elif defined(KC_EMU)
+    kc_emu_cp_async_commit();
+#endif
+}
+template <int N> static __device__ __forceinline__ void cp_async_wait()
+{
+#if defined(__CUDA_ARCH__)
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#elif defined(KC_EMU)
+    kc_emu_cp_async_wait(N);
+#endif
+}
+/* bytes (4, 8 or 16, aligned) from global to shared, in the same groups */
+template <int BYTES> static __device__ __forceinline__ void cp_async_n(void *dst, const void *src)
+{
+    static_assert(BYTES == 4 || BYTES == 8 || BYTES == 16, "cp.async copies 4, 8 or 16 bytes");
+#if defined(__CUDA_ARCH__)
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(d), "l"(src), "n"(BYTES) : "memory");
+#elif defined(KC_EMU)
+    kc_emu_cp_async(dst, src, BYTES);
+#endif
+}
+
 /* the RNG of engine.h, one definition for host and device */
 #include "kda_rng.h"
 

@@ -262,35 +262,6 @@ template <> struct Acc<KC_KDA_GEMM_SIMT> {
     }
 };
 
-/* 16-byte global -> shared copy, in flight until cp_async_wait; full = false
- * fills the 16 bytes with zeros instead (src is then not read). KC_EMU: the
- * CPU emulator of tests/kernels/emu runs these kernels without a GPU. */
-static __device__ __forceinline__ void cp_async16(void *dst, const void *src, bool full)
-{
-#if defined(__CUDA_ARCH__)
-    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(full ? 16 : 0) : "memory");
-#elif defined(KC_EMU)
-    kc_emu_cp_async16(dst, src, full);
-#endif
-}
-static __device__ __forceinline__ void cp_async_commit()
-{
-#if defined(__CUDA_ARCH__)
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-#elif defined(KC_EMU)
-    kc_emu_cp_async_commit();
-#endif
-}
-template <int N> static __device__ __forceinline__ void cp_async_wait()
-{
-#if defined(__CUDA_ARCH__)
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-#elif defined(KC_EMU)
-    kc_emu_cp_async_wait(N);
-#endif
-}
-
 /* mma.sync m16n8k8 with tf32 operands and fp32 accumulation, for the
  * recurrence, which keeps its state in the accumulators. Lane l = 4 g + t
  * holds A(g, t), A(g + 8, t), A(g, t + 4), A(g + 8, t + 4); B(t, g),
@@ -329,11 +300,6 @@ static __device__ __forceinline__ void mma_tf32_16x8x8(float c[4], const uint32_
     kc_emu_mma_m16n8k8(c, a, b);
 #endif
 }
-
-/* the block's dynamic shared memory (the emulator supplies its own) */
-#ifndef KC_DYNAMIC_SMEM
-#define KC_DYNAMIC_SMEM(name) extern __shared__ __align__(128) float name[]
-#endif
 
 static __device__ __forceinline__ int log2i(int x) /* x a power of two */
 {

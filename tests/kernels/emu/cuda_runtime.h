@@ -132,6 +132,7 @@ template <typename K> static inline cudaError_t cudaFuncSetAttribute(K k, cudaFu
 float *kc_emu_dynamic_smem();
 #define KC_DYNAMIC_SMEM(name) float *name = kc_emu_dynamic_smem()
 void kc_emu_cp_async16(void *dst, const void *src, bool full);
+void kc_emu_cp_async(void *dst, const void *src, int bytes); /* 4, 8 or 16 bytes, aligned */
 void kc_emu_cp_async_commit();
 void kc_emu_cp_async_wait(int n);
 

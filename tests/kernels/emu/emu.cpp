@@ -52,6 +52,7 @@ struct Copy {
     void *dst;
     const void *src;
     bool full;
+    int bytes; /* 4, 8 or 16 */
 };
 
 const size_t kStack = 256 * 1024;
@@ -94,7 +95,7 @@ void trampoline()
     (*g_body)();
     /* copies nobody waited for still land (the kernel had no use for them) */
     while (!cp_groups[cur].empty()) {
-        for (const Copy &c : cp_groups[cur].front()) c.full ? (void)memcpy(c.dst, c.src, 16) : (void)memset(c.dst, 0, 16);
+        for (const Copy &c : cp_groups[cur].front()) c.full ? (void)memcpy(c.dst, c.src, c.bytes) : (void)memset(c.dst, 0, c.bytes);
         cp_groups[cur].pop_front();
     }
     fibers[cur].state = DONE;
@@ -266,7 +267,20 @@ void kc_emu_cp_async16(void *dst, const void *src, bool full)
         full ? (void)memcpy(dst, src, 16) : (void)memset(dst, 0, 16);
         return;
     }
-    cp_open[cur].push_back(Copy{dst, src, full});
+    cp_open[cur].push_back(Copy{dst, src, full, 16});
+}
+void kc_emu_cp_async(void *dst, const void *src, int bytes)
+{
+    if ((bytes != 4 && bytes != 8 && bytes != 16) || ((uintptr_t)dst % bytes) || ((uintptr_t)src % bytes)) {
+        fprintf(stderr, "kc_emu: cp.async of %d bytes with a bad size or misaligned address (dst %p src %p), thread %d\n",
+                bytes, dst, src, cur);
+        abort();
+    }
+    if (g_cp_at_issue) {
+        memcpy(dst, src, bytes);
+        return;
+    }
+    cp_open[cur].push_back(Copy{dst, src, true, bytes});
 }
 void kc_emu_cp_async_commit()
 {
@@ -277,7 +291,7 @@ void kc_emu_cp_async_commit()
 void kc_emu_cp_async_wait(int n)
 {
     while ((int)cp_groups[cur].size() > n) {
-        for (const Copy &c : cp_groups[cur].front()) c.full ? (void)memcpy(c.dst, c.src, 16) : (void)memset(c.dst, 0, 16);
+        for (const Copy &c : cp_groups[cur].front()) c.full ? (void)memcpy(c.dst, c.src, c.bytes) : (void)memset(c.dst, 0, c.bytes);
         cp_groups[cur].pop_front();
     }
 }
