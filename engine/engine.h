@@ -67,6 +67,9 @@ typedef struct {
                           * (cuBLAS rounds each fp32 sum once, as a bf16 PyTorch model does) and SwiGLU
                           * reads it: half the bytes of the widest activation (1); 0 = fp32 */
     int attn_split;      /* CUDA: force one decode-attention split size 32/64/128/256 (0 = by shape) */
+    int kda_stream;      /* CUDA: steps of at least this many items, one token each, run the KDA step as
+                          * a prologue kernel + a persistent kernel streaming the state through shared
+                          * memory (ops_kda.cu; 16); 0 = always the block-per-head kernel */
     int fast_prefill;    /* CUDA: prompt chunks through the chunked KDA kernel, flash prefill attention
                             and the fused log-prob kernel (1); 0 = the per-token kernels */
     int mixed_pass;      /* CUDA: a step with decoding sequences and prompt chunks is one pass, the

@@ -198,7 +198,7 @@ extern "C" int kc_bench_kernels(kc_bench_row *rows, int max)
     cublasDestroy(h);
 
     /* KDA step: 16 heads of 128x128 fp32 state, read + written once */
-    for (int B = 64; B <= 256; B *= 4) {
+    for (int B = 16; B <= 256; B *= 4) {
         const int H = 16, K = 128, V = 128, R = 128, HK = H * K, HV = H * V, C = 2 * HK + HV;
         kc_kda_args a;
         memset(&a, 0, sizeof a);
@@ -240,6 +240,16 @@ extern "C" int kc_bench_kernels(kc_bench_row *rows, int max)
         snprintf(name, sizeof name, "kda lowrank+step [bf16 state] B=%d (state read+write)", B);
         emit(&bo, name, 2.0 * B * H * K * V * 2, ms);
         a.state_bf16 = 0;
+        /* the stream path of one-token items (kc_kda_args.stream; tuning kda_stream) */
+        a.stream = 1;
+        ms = median_ms(run_kda, &a, 20);
+        snprintf(name, sizeof name, "kda lowrank+prep+stream B=%d (state read+write)", B);
+        emit(&bo, name, 2.0 * B * H * K * V * 4, ms);
+        a.state_bf16 = 1;
+        ms = median_ms(run_kda, &a, 20);
+        snprintf(name, sizeof name, "kda lowrank+prep+stream [bf16 state] B=%d (state read+write)", B);
+        emit(&bo, name, 2.0 * B * H * K * V * 2, ms);
+        a.state_bf16 = 0, a.stream = 0;
         cudaFree(lr);
         cudaFree(proj), cudaFree(state), cudaFree(vecs), cudaFree(w), cudaFree(y), cudaFree(dmeta);
         free(meta);

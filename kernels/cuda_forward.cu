@@ -136,6 +136,8 @@ static int kda_mixer(cuda_backend *b, const cu_layer *w, int T, int n_items, cud
     a.ldy = d->HV;
     a.lowrank = b->lowrank;
     a.lowrank_rows = T;
+    /* T rows of T items: one token each (a decode step, or a pass's decode rows) */
+    a.stream = T == n_items && b->tn.kda_stream > 0 && n_items >= b->tn.kda_stream;
     if (b->kda_preconv) {
         a.convw = c->short_conv ? w->convw : NULL;
         a.conv_bias = w->conv_bias;

@@ -114,8 +114,18 @@ typedef struct {
      * G1 g0 are computed for all rows by a separate GEMM-like kernel first */
     float *lowrank;
     int lowrank_rows;
+    /* every item carries exactly one token (a decode step; the caller
+     * guarantees it): with lowrank set, K = V = 128 and no GVA, the step runs
+     * as a prologue kernel and a persistent kernel that streams the state
+     * (ops_kda.cu). The prologue overwrites the token's q | k | v and beta
+     * entries of proj and its lowrank row with what the state kernel reads;
+     * other shapes take the block-per-head kernel (kc_kda_step_streams) */
+    int stream;
+    int stream_blocks;     /* persistent blocks of the stream kernel; 0 = one per SM (tests: fewer) */
 } kc_kda_args;
 int kc_kda_step(const kc_kda_args *a, cudaStream_t s);
+/* 1 when kc_kda_step(a) takes the stream path, else 0 */
+int kc_kda_step_streams(const kc_kda_args *a);
 /* The low-rank pass alone (F1 f0 and G1 g0 of every row into a->lowrank; no-op
  * without it), which kc_kda_step runs first; for the kernel lab's step variants. */
 int kc_kda_lowrank(const kc_kda_args *a, cudaStream_t s);

@@ -257,6 +257,269 @@ __global__ void __launch_bounds__(256) kda_lowrank_kernel(kc_kda_args a, int T, 
     }
 }
 
+/* ---- decode steps of one token per item: a prologue, then the state streamed ----
+ *
+ * At batch >= 16 a KDA decode step is the state's traffic: 64 KiB per (item,
+ * head) read and written. The block-per-head kernel above holds a column in
+ * registers and runs the token's prologue (conv, norms, gates) between the
+ * state's load and its store, 2 blocks per SM, so an SM has little in flight
+ * during the prologue's barriers (37-43% of copy at B = 64..256,
+ * bench/NOTES.md). When every item carries one token (kc_kda_args.stream):
+ *  - kda_stream_prep_kernel, grid (item, head), K threads: conv + SiLU (the
+ *    tail moves on), L2 norms, q / sqrt(K), the decay exp(gate), sigmoid(G +
+ *    g_bias) and beta, written in place over the token's proj / lowrank
+ *    entries (each is read once, by this block);
+ *  - kda_stream_kernel: one block of 256 threads per SM walks (item, head)
+ *    pairs with the next two pairs' state and vectors in flight (cp.async into
+ *    a ring of three shared buffers), so the SM's memory pipe stays busy while
+ *    a pair computes. Warp w owns rows 16w..16w+15 of the K x V state, lane l
+ *    columns 4l..4l+3 (a warp's row is 512 contiguous bytes); S^T k and S^T q
+ *    are reduced over the warps in shared memory, warp 0 does the gated output
+ *    RMSNorm, and the updated state goes from registers to global memory.
+ * K = V = 128 only, no GVA (kc_kda_step falls back to the kernel above). */
+#define KS_K 128
+#define KS_NB 3               /* shared buffers: 2 pairs in flight while one computes */
+#define KS_VEC (5 * KS_K + 4) /* q k eg | v gsig | beta, padded to 16 bytes */
+
+template <bool BF> __host__ __device__ static constexpr int ks_buf_floats() { return (BF ? KS_K * KS_K / 2 : KS_K * KS_K) + KS_VEC; }
+template <bool BF> static constexpr size_t ks_smem_bytes()
+{
+    return ((size_t)KS_NB * ks_buf_floats<BF>() + 2 * 8 * KS_K) * sizeof(float);
+}
+
+template <bool OPT>
+__global__ void __launch_bounds__(KS_K) kda_stream_prep_kernel(kc_kda_args a)
+{
+    __shared__ float red[32];
+    KC_PDL_WAIT();
+    KC_PDL_TRIGGER();
+    const int item = blockIdx.x, h = blockIdx.y, j = threadIdx.x;
+    const int slot = a.item_slot[item];
+    if (slot < 0) return;
+    constexpr int K = KS_K, V = KS_K;
+    const int H = a.H, HK = H * K, HV = H * V, C = 2 * HK + HV;
+    const bool pre = OPT && a.preconv; /* q | k | v already activated (kc_kda_conv ran) */
+    const int P = pre ? 0 : a.taps - 1;
+    const size_t row = (size_t)a.item_row0[item];
+    float *pr = const_cast<float *>(a.proj) + row * a.ldp; /* in place: kc_kda_args.stream */
+    float *lr = a.lowrank + row * (HK + HV);
+    const int cq = h * K + j, ck = HK + h * K + j, cv = 2 * HK + h * V + j;
+    float x[3] = {pr[cq], pr[ck], pr[cv]};
+    if (!pre) {
+        float *tail = a.state + (size_t)slot * a.slot_stride + kc_tail_off(H, K, V, a.state_bf16); /* [P, C] */
+        const int ch[3] = {cq, ck, cv};
+#pragma unroll
+        for (int c = 0; c < 3; c++) { /* oldest tap first, the current token last */
+            const float *w = a.convw + (size_t)ch[c] * a.taps;
+            float t[3] = {0.0f, 0.0f, 0.0f}, sum = 0.0f;
+#pragma unroll
+            for (int m = 0; m < 3; m++)
+                if (m < P) t[m] = tail[(size_t)m * C + ch[c]];
+#pragma unroll
+            for (int m = 0; m < 3; m++)
+                if (m < P) sum += w[m] * t[m];
+            sum += w[P] * x[c];
+#pragma unroll
+            for (int m = 0; m < 3; m++)
+                if (m < P) tail[(size_t)m * C + ch[c]] = m + 1 < P ? t[m + 1] : x[c];
+            x[c] = siluf_(sum);
+        }
+    }
+    const float ssq = block_sum(x[0] * x[0], red);
+    const float ssk = block_sum(x[1] * x[1], red);
+    pr[cq] = x[0] * (1.0f / sqrtf(ssq + 1e-6f)) * (1.0f / sqrtf((float)K));
+    pr[ck] = x[1] * (1.0f / sqrtf(ssk + 1e-6f));
+    pr[cv] = x[2];
+    const float a_pos = expf(a.A_log[h]), lb = OPT ? a.lower_bound : 0.0f;
+    const float gx = lr[h * K + j] + a.dt_bias[h * K + j];
+    lr[h * K + j] = expf(lb < 0.0f ? lb * sigmoidf_(a_pos * gx) : -a_pos * softplusf_(gx));
+    const int cG = HK + h * V + j;
+    lr[cG] = sigmoidf_(lr[cG] + (a.g_bias ? a.g_bias[h * V + j] : 0.0f));
+    if (j == 0) pr[a.off_beta + h] = (OPT && a.neg_eigval ? 2.0f : 1.0f) * sigmoidf_(pr[a.off_beta + h]);
+}
+
+/* two bf16 in one 32-bit word (the lower address first) and back */
+static __device__ __forceinline__ unsigned ks_pack2(float a, float b)
+{
+    const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+    unsigned u;
+    memcpy(&u, &v, 4);
+    return u;
+}
+static __device__ __forceinline__ float2 ks_unpack2(unsigned u)
+{
+    __nv_bfloat162 v;
+    memcpy(&v, &u, 4);
+    return make_float2(__low2float(v), __high2float(v));
+}
+
+/* pair p = item * H + h into shared buffer dst: the state (16-byte copies)
+ * and the prologue's vectors (4-byte copies: proj rows need not be aligned);
+ * always one commit group, empty for padding items and past the end */
+template <bool BF> static __device__ __forceinline__ void ks_issue(const kc_kda_args &a, int p, int npairs, float *dst)
+{
+    constexpr int K = KS_K, SB = BF ? K * K / 2 : K * K;
+    if (p < npairs) {
+        const int H = a.H, item = p / H, h = p % H, slot = a.item_slot[item];
+        if (slot >= 0) {
+            const float *src = a.state + (size_t)slot * a.slot_stride + (size_t)h * SB;
+            for (int c = threadIdx.x; c < SB / 4; c += blockDim.x) cp_async16(dst + 4 * c, src + 4 * c, true);
+            const size_t row = (size_t)a.item_row0[item];
+            const float *pr = a.proj + row * a.ldp, *lr = a.lowrank + row * (size_t)(H * 2 * K);
+            const int HK = H * K;
+            for (int e = threadIdx.x; e < 5 * K + 1; e += blockDim.x) {
+                const int q = e / K, r = e % K;
+                const float *s = q == 0 ? pr + h * K + r
+                               : q == 1 ? pr + HK + h * K + r
+                               : q == 2 ? lr + h * K + r
+                               : q == 3 ? pr + 2 * HK + h * K + r
+                               : q == 4 ? lr + HK + h * K + r
+                                        : pr + a.off_beta + h;
+                cp_async_n<4>(dst + SB + e, s);
+            }
+        }
+    }
+    cp_async_commit();
+}
+
+template <bool BF>
+__global__ void __launch_bounds__(256, 1) kda_stream_kernel(kc_kda_args a)
+{
+    KC_DYNAMIC_SMEM(sm);
+    constexpr int K = KS_K, V = KS_K, SB = BF ? K * V / 2 : K * V, BUF = ks_buf_floats<BF>();
+    float *redk = sm + KS_NB * BUF, *redo = redk + 8 * V;
+    KC_PDL_WAIT();
+    KC_PDL_TRIGGER();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, H = a.H, npairs = a.n_items * H;
+    const int p0 = blockIdx.x, ps = gridDim.x;
+#pragma unroll
+    for (int i = 0; i < KS_NB - 1; i++) ks_issue<BF>(a, p0 + i * ps, npairs, sm + i * BUF);
+    int buf = 0;
+    for (int p = p0; p < npairs; p += ps) {
+        cp_async_wait<KS_NB - 2>(); /* this pair's copies (this thread's) */
+        __syncthreads();            /* everyone's; and everyone is done with the previous buffer */
+        ks_issue<BF>(a, p + (KS_NB - 1) * ps, npairs, sm + ((buf + KS_NB - 1) % KS_NB) * BUF);
+        const int item = p / H, h = p % H, slot = a.item_slot[item];
+        if (slot >= 0) { /* uniform over the block */
+            const float *Ss = sm + buf * BUF, *vq = Ss + SB, *vk = vq + K, *veg = vk + K, *vv = veg + K, *vgs = vv + V;
+            const float beta = vgs[V];
+            const int r0 = warp * 16, c0 = lane * 4;
+            float4 S[16], ks = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+            for (int i = 0; i < 16; i++) {
+                const int r = r0 + i;
+                float4 s;
+                if (BF) {
+                    const uint2 u = *(const uint2 *)((const bf16 *)Ss + (size_t)r * V + c0);
+                    const float2 lo = ks_unpack2(u.x), hi = ks_unpack2(u.y);
+                    s = make_float4(lo.x, lo.y, hi.x, hi.y);
+                } else {
+                    s = *(const float4 *)(Ss + (size_t)r * V + c0);
+                }
+                const float e = veg[r], kr = vk[r];
+                s.x *= e, s.y *= e, s.z *= e, s.w *= e;
+                ks.x += s.x * kr, ks.y += s.y * kr, ks.z += s.z * kr, ks.w += s.w * kr;
+                S[i] = s;
+            }
+            *(float4 *)(redk + warp * V + c0) = ks;
+            __syncthreads();
+            float4 u = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+            for (int w = 0; w < 8; w++) {
+                const float4 t = *(const float4 *)(redk + w * V + c0);
+                u.x += t.x, u.y += t.y, u.z += t.z, u.w += t.w;
+            }
+            u.x = beta * (vv[c0] - u.x), u.y = beta * (vv[c0 + 1] - u.y);
+            u.z = beta * (vv[c0 + 2] - u.z), u.w = beta * (vv[c0 + 3] - u.w);
+            float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            float *Sg = a.state + (size_t)slot * a.slot_stride + (size_t)h * SB;
+#pragma unroll
+            for (int i = 0; i < 16; i++) {
+                const int r = r0 + i;
+                const float kr = vk[r], qr = vq[r];
+                float4 s = S[i];
+                s.x += kr * u.x, s.y += kr * u.y, s.z += kr * u.z, s.w += kr * u.w;
+                o.x += s.x * qr, o.y += s.y * qr, o.z += s.z * qr, o.w += s.w * qr;
+                if (BF) {
+                    uint2 w2;
+                    w2.x = ks_pack2(s.x, s.y), w2.y = ks_pack2(s.z, s.w);
+                    *(uint2 *)((bf16 *)Sg + (size_t)r * V + c0) = w2;
+                } else {
+                    *(float4 *)(Sg + (size_t)r * V + c0) = s;
+                }
+            }
+            *(float4 *)(redo + warp * V + c0) = o;
+            __syncthreads();
+            if (warp == 0) {
+                float4 t = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+                for (int w = 0; w < 8; w++) {
+                    const float4 q = *(const float4 *)(redo + w * V + c0);
+                    t.x += q.x, t.y += q.y, t.z += q.z, t.w += q.w;
+                }
+                const float ss = warp_sum(t.x * t.x + t.y * t.y + t.z * t.z + t.w * t.w);
+                const float rn = 1.0f / sqrtf(ss / V + a.eps);
+                const size_t row = (size_t)a.item_row0[item];
+                bf16 *y = (bf16 *)a.y + row * a.ldy + h * V + c0;
+                const float *on = a.onorm + c0;
+                *(unsigned *)y = ks_pack2(t.x * rn * on[0] * vgs[c0], t.y * rn * on[1] * vgs[c0 + 1]);
+                *(unsigned *)(y + 2) = ks_pack2(t.z * rn * on[2] * vgs[c0 + 2], t.w * rn * on[3] * vgs[c0 + 3]);
+            }
+        }
+        buf = (buf + 1) % KS_NB;
+    }
+}
+
+/* The stream path of kc_kda_step, or -5 where it does not apply (the caller
+ * falls back). Requirements: see kc_kda_args.stream. */
+int kc_kda_step_streams(const kc_kda_args *a)
+{
+    return a->stream && a->lowrank && a->K == KS_K && a->V == KS_K && a->group <= 1 && a->slot_stride % 4 == 0 &&
+           ((uintptr_t)a->state & 15) == 0 && a->ldy % 2 == 0 && a->H > 0 &&
+           (a->preconv || (a->convw && a->taps >= 1 && a->taps <= 4));
+}
+
+static int kda_stream(const kc_kda_args *a, cudaStream_t s)
+{
+    if (!kc_kda_step_streams(a)) return -5;
+    static int sms;
+    static size_t allowed[2];
+    if (!sms && cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess) {
+        (void)cudaGetLastError();
+        sms = 0;
+        return -7;
+    }
+    const bool opt = a->preconv || a->lower_bound != 0.0f || a->neg_eigval;
+    cudaError_t e = opt ? kc_launch(kda_stream_prep_kernel<true>, dim3(a->n_items, a->H), dim3(KS_K), 0, s, *a)
+                        : kc_launch(kda_stream_prep_kernel<false>, dim3(a->n_items, a->H), dim3(KS_K), 0, s, *a);
+    if (e != cudaSuccess) {
+        fprintf(stderr, "%s:%d: kda stream prologue launch failed: %s\n", __FILE__, __LINE__, cudaGetErrorString(e));
+        return -7;
+    }
+    const int npairs = a->n_items * a->H;
+    int grid = a->stream_blocks > 0 ? a->stream_blocks : sms;
+    if (grid > npairs) grid = npairs;
+    const int bf = a->state_bf16 ? 1 : 0;
+    const size_t bytes = bf ? ks_smem_bytes<true>() : ks_smem_bytes<false>();
+    void (*kern)(kc_kda_args) = bf ? kda_stream_kernel<true> : kda_stream_kernel<false>;
+    if (allowed[bf] < bytes) { /* once per kernel, before any graph capture (warm-up) */
+        e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            fprintf(stderr, "%s:%d: kda stream: %zu bytes of shared memory refused: %s\n", __FILE__, __LINE__, bytes,
+                    cudaGetErrorString(e));
+            return -7;
+        }
+        allowed[bf] = bytes;
+    }
+    e = kc_launch(kern, dim3(grid), dim3(256), bytes, s, *a);
+    if (e != cudaSuccess) {
+        fprintf(stderr, "%s:%d: kda stream launch failed: %s\n", __FILE__, __LINE__, cudaGetErrorString(e));
+        return -7;
+    }
+    return 0;
+}
+
 /* ---- the short conv as its own pass (kc_kda_conv) ----
  * grid (n_items, ceil(C / 128)), 128 threads: thread = one q|k|v channel of
  * one item, its taps and tail in registers, walking the item's tokens in
@@ -350,6 +613,7 @@ int kc_kda_step(const kc_kda_args *a, cudaStream_t s)
     threads = (threads + 31) / 32 * 32;
     const int lr = kc_kda_lowrank(a, s);
     if (lr) return lr;
+    if (kc_kda_step_streams(a)) return kda_stream(a, s);
     dim3 grid(a->n_items, a->H);
     const bool opt = a->preconv || a->group > 1 || a->lower_bound != 0.0f || a->neg_eigval;
     cudaError_t e;

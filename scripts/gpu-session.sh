@@ -57,6 +57,12 @@ lane1() {
   step 1 test_cuda_model 300 "$LOG/test_cuda_model.txt" env KDA_TEST_MODEL_17B=$M17 $B/tests/kernels/test_cuda_model
   grep -E "PASSED|FAILED|ERROR|positions|cuda vs|bf16-act vs|vs alone|reuse|score:|prefill .* then" \
     "$LOG/test_cuda_model.txt" | tail -40 >> "$S"
+  # the KDA decode step's stream path wherever the shapes allow (the default
+  # takes it from 16 one-token items; the batch-of-64 test then compares it
+  # with the block-per-head kernel of each sequence alone)
+  step 1 test_cuda_model_stream 300 "$LOG/test_cuda_model_stream.txt" env KDA_TUNING=kda_stream=1 \
+    KDA_TEST_MODEL_17B=$M17 $B/tests/kernels/test_cuda_model
+  grep -E "PASSED|FAILED|ERROR|cuda vs|vs alone" "$LOG/test_cuda_model_stream.txt" | tail -20 >> "$S"
   # kda-server --device cuda end to end: greedy output equals kda-cli on the CPU
   local want got gotsse spid
   want=$(ours $B/cli/kda-cli generate models/demo --device cpu --text "ROMEO:" --max-tokens 48 --json)
@@ -94,6 +100,12 @@ lane2() {
   step 2 racecheck_prefill_attn 90 "$LOG/racecheck_prefill_attn.txt" compute-sanitizer --tool racecheck \
     --racecheck-report hazard --error-exitcode 3 $B/tests/kernels/test_prefill_ops test_attn_prefill_every_head_dim_and_group
   grep -m3 -E "ERROR SUMMARY|RACECHECK SUMMARY|hazard" "$LOG/racecheck_prefill_attn.txt" >> "$S"
+  step 2 racecheck_kda_stream 90 "$LOG/racecheck_kda_stream.txt" compute-sanitizer --tool racecheck \
+    --racecheck-report hazard --error-exitcode 3 $B/tests/kernels/test_kernels test_kda_step_stream
+  grep -m3 -E "ERROR SUMMARY|RACECHECK SUMMARY|hazard" "$LOG/racecheck_kda_stream.txt" >> "$S"
+  step 2 synccheck_kda_stream 90 "$LOG/synccheck_kda_stream.txt" compute-sanitizer --tool synccheck \
+    --error-exitcode 3 $B/tests/kernels/test_kernels test_kda_step_stream
+  grep -m3 -E "ERROR SUMMARY" "$LOG/synccheck_kda_stream.txt" >> "$S"
   step 2 memcheck_kernels 200 "$LOG/memcheck_kernels.txt" \
     compute-sanitizer --tool memcheck --leak-check no --error-exitcode 3 $B/tests/kernels/test_kernels
   grep -m3 -E "ERROR SUMMARY|Invalid" "$LOG/memcheck_kernels.txt" >> "$S"

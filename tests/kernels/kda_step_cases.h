@@ -25,7 +25,16 @@ typedef struct {
     float lower_bound; /* < 0: fla's lower-bound gate */
     int neg_eigval, conv_bias, no_conv;
     int state_bf16;    /* S stored as bf16 on the device (kc_kda_args.state_bf16) */
+    int stream;        /* kc_kda_args.stream (items of one token): 1 = must take the stream path,
+                          2 = asked for, must fall back (kc_kda_step_streams) */
+    int stream_blocks; /* kc_kda_args.stream_blocks: fewer blocks walk more (item, head) pairs */
 } kda_opts;
+
+/* which path kc_kda_step takes, checked right before the launch */
+static void kda_check_path(const kc_kda_args *a, const kda_opts *op)
+{
+    if (op->stream && kda_launch == kc_kda_step) assert_int_equal(kc_kda_step_streams(a), op->stream == 1);
+}
 static const kda_opts kda_plain;
 
 static void run_kda_case_opt(int H, int K, int taps, const int *ntok, const int *slots, int n_items, int lowrank,
@@ -89,7 +98,7 @@ static void run_kda_case_opt(int H, int K, int taps, const int *ntok, const int 
         for (int t = 0; t < nt; t++) {
             const float *pr = proj + (size_t)(row0[i] + t) * ldp;
             float *q = y + (size_t)t * C, *k = q + QK, *v = k + QK;
-            float graw[1024], gk[1024], G[1024];
+            float graw[4096], gk[4096], G[4096]; /* H * K, H * V <= 4096 */
             for (int c = 0; c < HK; c++) {
                 double s = 0;
                 for (int r = 0; r < R; r++) s += (double)f1[(size_t)c * R + r] * pr[off_f0 + r];
@@ -166,15 +175,18 @@ static void run_kda_case_opt(int H, int K, int taps, const int *ntok, const int 
         a.lowrank = kt_dev_poison((size_t)T * (HK + HV) * 4);
         a.lowrank_rows = T;
     }
+    a.stream = op->stream != 0, a.stream_blocks = op->stream_blocks;
     if (preconv) {
         if (grp > 1) assert_int_equal(kda_launch(&a, 0), -5); /* the shared q/k tail: refused without the conv pass */
         const float *cw = a.convw;
         if (op->no_conv) a.convw = NULL;
         assert_int_equal(kc_kda_conv(&a, 0), 0);
         a.preconv = 1;
+        kda_check_path(&a, op);
         assert_int_equal(kda_launch(&a, 0), 0);
         a.convw = cw;
     } else {
+        kda_check_path(&a, op);
         assert_int_equal(kda_launch(&a, 0), 0);
     }
     float *gy = kt_get_bf16(a.y, (size_t)T * HV), *gs = malloc(slot_stride * n_slots * 4);
@@ -233,6 +245,34 @@ static void run_kda_case_opt(int H, int K, int taps, const int *ntok, const int 
 static void run_kda_case(int H, int K, int taps, const int *ntok, const int *slots, int n_items, int lowrank)
 {
     run_kda_case_opt(H, K, taps, ntok, slots, n_items, lowrank, &kda_plain);
+}
+
+/* The stream path (one token per item, K = V = 128, the low-rank scratch):
+ * the 16 heads of the 1.7B shape with one block per pair and with 5 or 3
+ * blocks walking every pair through the ring of shared buffers, taps 2..4,
+ * the fla options (the preconv ones through kc_kda_conv first), bf16 state,
+ * padding items; then shapes it must refuse (kc_kda_step falls back). */
+static void kda_stream_cases(void)
+{
+    const int one[] = {1, 1, 1, 1}, sl[] = {2, -1, 0, 3}, sl3[] = {1, 3, 0};
+    const kda_opts st = {.stream = 1}, st5 = {.stream = 1, .stream_blocks = 5};
+    const kda_opts lb = {.stream = 1, .stream_blocks = 3, .lower_bound = -5.0f};
+    const kda_opts neg = {.stream = 1, .stream_blocks = 7, .neg_eigval = 1};
+    const kda_opts cb = {.stream = 1, .stream_blocks = 4, .conv_bias = 1}, nc = {.stream = 1, .no_conv = 1};
+    const kda_opts bf = {.stream = 1, .stream_blocks = 5, .state_bf16 = 1};
+    const kda_opts bf_lb = {.stream = 1, .state_bf16 = 1, .lower_bound = -3.0f, .neg_eigval = 1};
+    const kda_opts no = {.stream = 2}, no_gva = {.stream = 2, .group = 2};
+    run_kda_case_opt(16, 128, 4, one, sl, 4, 1, &st);
+    run_kda_case_opt(16, 128, 4, one, sl, 4, 1, &st5);
+    run_kda_case_opt(4, 128, 3, one, sl3, 3, 1, &lb);
+    run_kda_case_opt(3, 128, 2, one, sl3, 3, 1, &neg);
+    run_kda_case_opt(2, 128, 4, one, sl, 4, 1, &cb);
+    run_kda_case_opt(2, 128, 4, one, sl3, 3, 1, &nc);
+    run_kda_case_opt(16, 128, 4, one, sl, 4, 1, &bf);
+    run_kda_case_opt(4, 128, 3, one, sl3, 3, 1, &bf_lb);
+    run_kda_case_opt(3, 64, 4, one, sl3, 3, 1, &no);
+    run_kda_case_opt(2, 128, 4, one, sl3, 3, 0, &no); /* no low-rank scratch */
+    run_kda_case_opt(4, 128, 4, one, sl3, 3, 1, &no_gva);
 }
 
 #endif

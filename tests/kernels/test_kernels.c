@@ -251,6 +251,13 @@ static void test_kda_step_bf16_state(void **st)
     }
 }
 
+/* The stream path of decode steps (kc_kda_args.stream): kda_step_cases.h. */
+static void test_kda_step_stream(void **st)
+{
+    (void)st;
+    kda_stream_cases();
+}
+
 /* ---- GQA: qkv (norm + RoPE + append) and attention over a paged cache ---- */
 /* window: sliding window (0 = all); scaled_rope: RoPE frequencies from a
  * table (rope_inv_freq) that is not theta's schedule; eps: the q/k norm eps */
@@ -497,9 +504,10 @@ static void test_sampler_matches_cpu_sampler(void **st)
     }
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
     kt_skip_without_gpu();
+    if (argc > 1) cmocka_set_test_filter(argv[1]); /* e.g. test_kda_step_stream */
     /* the backend's launch policy (KDA_TUNING=pdl=0: PDL off) */
     kda_tuning tn;
     char err[256];
@@ -517,6 +525,7 @@ int main(void)
         cmocka_unit_test(test_kda_step_matches_reference),
         cmocka_unit_test(test_kda_step_options_match_reference),
         cmocka_unit_test(test_kda_step_bf16_state),
+        cmocka_unit_test(test_kda_step_stream),
         cmocka_unit_test(test_gqa_attention_matches_reference),
         cmocka_unit_test(test_gqa_options_match_reference),
         cmocka_unit_test(test_add_bias_adds_exactly_the_bias),
