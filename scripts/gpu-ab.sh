@@ -24,12 +24,15 @@ rc=0
 A=${KDA_AB_A:?KDA_AB_A: the first --tuning string}
 Bt=${KDA_AB_B:?KDA_AB_B: the second --tuning string}
 echo "commit $KDA_COMMIT; A = $A, B = $Bt; $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)" | tee -a "$S"
-( python3 scripts/gen_checkpoint.py "$M17" --preset 1.7b --tokenizer spm:.carry/llama2-tokenizer.model ) \
-  > "$LOG/gen.txt" 2>&1 &
-gen=$!
+gen=
+if [ ! -f "$M17/config.json" ]; then # a session script in the same call may have made it
+  ( python3 scripts/gen_checkpoint.py "$M17" --preset 1.7b --tokenizer spm:.carry/llama2-tokenizer.model ) \
+    > "$LOG/gen.txt" 2>&1 &
+  gen=$!
+fi
 step test_kernels 120 "$LOG/test_kernels.txt" $B/tests/kernels/test_kernels
 grep -E "PASSED|FAILED|ERROR|y16" "$LOG/test_kernels.txt" | sort | uniq -c | sort -rn | head -12 >> "$S"
-wait $gen
+[ -z "$gen" ] || wait $gen
 step test_cuda_model 240 "$LOG/test_cuda_model.txt" env KDA_TEST_MODEL_17B=$M17 $B/tests/kernels/test_cuda_model
 grep -E "PASSED|FAILED|ERROR|cuda vs|bf16-act vs" "$LOG/test_cuda_model.txt" | tail -30 >> "$S"
 P=${KDA_AB_POINTS:-"--pairs 128:1,128:64,128:256 --no-kernels --prefill 1:64,8:128,1:2048,8:2048 --score 1:8192,4:8192 --reps 5"}
