@@ -275,11 +275,11 @@ int cli_bench(int argc, char **argv)
         }
     }
     if (steps < 1 || reps < 1 || (strcmp(fill, "prefill") && strcmp(fill, "decode"))) return usage();
-    kc_bench_row krows[32];
+    kc_bench_row krows[64];
     int nk = 0;
     if (kernels && !strcmp(device, "cuda")) {
         printf("per-kernel bandwidth (1.7B shapes):\n");
-        nk = kc_bench_kernels(krows, 32);
+        nk = kc_bench_kernels(krows, 64);
         if (nk < 0) {
             fprintf(stderr, "kernel benchmark unavailable or failed\n");
             nk = 0;
