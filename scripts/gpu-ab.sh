@@ -45,9 +45,20 @@ step bench-B-prof 90 "$LOG/bench-B-prof.txt" $B/cli/kda-cli bench "$M17" $P --tu
 echo "-- B prof" >> "$S"; grep -E "prefill|score" "$LOG/bench-B-prof.txt" >> "$S"
 if [ "${KDA_AB_NCU:-0}" = 1 ]; then
   NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
-  step ncu 200 "$OUT/ncu.txt" "$NCU" --clock-control none --section SpeedOfLight \
-    --kernel-name regex:"swiglu|rmsnorm|kc_chunk|cast|embed|hist|gqa_qkv|attn|bias|lowrank" --launch-count ${KDA_AB_NCU_COUNT:-48} \
-    $B/cli/kda-cli bench "$M17" --pairs "" --no-kernels --prefill 8:2048 --reps 1 --tuning "$Bt"
+  # defaults: SpeedOfLight of the first 48 non-GEMM kernels of one 8 x 2048 prefill;
+  # KDA_AB_NCU_{KERNELS,SKIP,COUNT,SECTIONS,BENCH} choose others (SKIP may be a
+  # list: one ncu run per value, e.g. the n-th launch of two kernels of one benchmark)
+  KR=${KDA_AB_NCU_KERNELS:-"swiglu|rmsnorm|kc_chunk|cast|embed|hist|gqa_qkv|attn|bias|lowrank"}
+  SEC=${KDA_AB_NCU_SECTIONS:-SpeedOfLight}
+  NB=${KDA_AB_NCU_BENCH:-"--pairs \"\" --no-kernels --prefill 8:2048 --reps 1"}
+  : > "$OUT/ncu.txt"
+  for sk in ${KDA_AB_NCU_SKIP:-0}; do
+    secs=(); for x in $SEC; do secs+=(--section "$x"); done
+    step "ncu-skip$sk" 200 "$LOG/ncu-$sk.txt" "$NCU" --clock-control none "${secs[@]}" \
+      --kernel-name regex:"$KR" --launch-skip "$sk" --launch-count ${KDA_AB_NCU_COUNT:-48} \
+      bash -c "exec $B/cli/kda-cli bench \"$M17\" $NB --tuning \"$Bt\""
+    cat "$LOG/ncu-$sk.txt" >> "$OUT/ncu.txt"
+  done
 fi
 tar czf "$OUT/logs.tgz" -C "$LOG" . 2>/dev/null
 cat "$S"
