@@ -270,21 +270,26 @@ __global__ void __launch_bounds__(256) kda_lowrank_kernel(kc_kda_args a, int T, 
  *    g_bias) and beta, written in place over the token's proj / lowrank
  *    entries (each is read once, by this block);
  *  - kda_stream_kernel: one block of 256 threads per SM walks (item, head)
- *    pairs with the next two pairs' state and vectors in flight (cp.async into
- *    a ring of three shared buffers), so the SM's memory pipe stays busy while
- *    a pair computes. Warp w owns rows 16w..16w+15 of the K x V state, lane l
+ *    pairs with the next three pairs' state and vectors in flight (cp.async
+ *    into a ring of three state buffers: a pair's state moves to registers
+ *    first, which frees its buffer), so the SM's memory pipe stays busy while
+ *    a pair computes; the item tables sit in shared memory, so issuing a copy
+ *    waits for no global load. Warp w owns rows 16w..16w+15 of the K x V state, lane l
  *    columns 4l..4l+3 (a warp's row is 512 contiguous bytes); S^T k and S^T q
  *    are reduced over the warps in shared memory, warp 0 does the gated output
  *    RMSNorm, and the updated state goes from registers to global memory.
  * K = V = 128 only, no GVA (kc_kda_step falls back to the kernel above). */
 #define KS_K 128
-#define KS_NB 3               /* shared buffers: 2 pairs in flight while one computes */
+#define KS_NB 3               /* state buffers: 3 pairs in flight while one computes from registers */
+#define KS_NV (KS_NB + 1)     /* vector slots (the computing pair's stay until it is done) */
 #define KS_VEC (5 * KS_K + 4) /* q k eg | v gsig | beta, padded to 16 bytes */
+#define KS_MAX_ITEMS 1024     /* item slot / row tables in shared memory */
 
-template <bool BF> __host__ __device__ static constexpr int ks_buf_floats() { return (BF ? KS_K * KS_K / 2 : KS_K * KS_K) + KS_VEC; }
+template <bool BF> __host__ __device__ static constexpr int ks_state_floats() { return BF ? KS_K * KS_K / 2 : KS_K * KS_K; }
 template <bool BF> static constexpr size_t ks_smem_bytes()
 {
-    return ((size_t)KS_NB * ks_buf_floats<BF>() + 2 * 8 * KS_K) * sizeof(float);
+    return ((size_t)KS_NB * ks_state_floats<BF>() + (size_t)KS_NV * KS_VEC + 2 * 8 * KS_K + 2 * KS_MAX_ITEMS) *
+           sizeof(float);
 }
 
 template <bool OPT>
@@ -353,18 +358,20 @@ static __device__ __forceinline__ float2 ks_unpack2(unsigned u)
     return make_float2(__low2float(v), __high2float(v));
 }
 
-/* pair p = item * H + h into shared buffer dst: the state (16-byte copies)
- * and the prologue's vectors (4-byte copies: proj rows need not be aligned);
- * always one commit group, empty for padding items and past the end */
-template <bool BF> static __device__ __forceinline__ void ks_issue(const kc_kda_args &a, int p, int npairs, float *dst)
+/* pair p = item * H + h: its state into sdst (16-byte copies) and the
+ * prologue's vectors into vdst (4-byte copies: proj rows need not be
+ * aligned); always one commit group, empty for padding items and past the end */
+template <bool BF>
+static __device__ __forceinline__ void ks_issue(const kc_kda_args &a, int p, int npairs, float *sdst, float *vdst,
+                                                const int *islot, const int *irow)
 {
-    constexpr int K = KS_K, SB = BF ? K * K / 2 : K * K;
+    constexpr int K = KS_K, SB = ks_state_floats<BF>();
     if (p < npairs) {
-        const int H = a.H, item = p / H, h = p % H, slot = a.item_slot[item];
+        const int H = a.H, item = p / H, h = p % H, slot = islot[item];
         if (slot >= 0) {
             const float *src = a.state + (size_t)slot * a.slot_stride + (size_t)h * SB;
-            for (int c = threadIdx.x; c < SB / 4; c += blockDim.x) cp_async16(dst + 4 * c, src + 4 * c, true);
-            const size_t row = (size_t)a.item_row0[item];
+            for (int c = threadIdx.x; c < SB / 4; c += blockDim.x) cp_async16(sdst + 4 * c, src + 4 * c, true);
+            const size_t row = (size_t)irow[item];
             const float *pr = a.proj + row * a.ldp, *lr = a.lowrank + row * (size_t)(H * 2 * K);
             const int HK = H * K;
             for (int e = threadIdx.x; e < 5 * K + 1; e += blockDim.x) {
@@ -375,36 +382,44 @@ template <bool BF> static __device__ __forceinline__ void ks_issue(const kc_kda_
                                : q == 3 ? pr + 2 * HK + h * K + r
                                : q == 4 ? lr + HK + h * K + r
                                         : pr + a.off_beta + h;
-                cp_async_n<4>(dst + SB + e, s);
+                cp_async_n<4>(vdst + e, s);
             }
         }
     }
     cp_async_commit();
 }
 
+/* Pair i (the block's i-th) computes from state buffer i % KS_NB and vector
+ * slot i % KS_NV. Its state moves to registers first; the barrier after that
+ * frees the buffer for pair i + KS_NB, so three pairs are in flight while one
+ * computes. Barriers per pair: data ready; state in registers and S^T k
+ * partials published; S^T q partials published (warp 0 then finishes). */
 template <bool BF>
 __global__ void __launch_bounds__(256, 1) kda_stream_kernel(kc_kda_args a)
 {
     KC_DYNAMIC_SMEM(sm);
-    constexpr int K = KS_K, V = KS_K, SB = BF ? K * V / 2 : K * V, BUF = ks_buf_floats<BF>();
-    float *redk = sm + KS_NB * BUF, *redo = redk + 8 * V;
+    constexpr int K = KS_K, V = KS_K, SB = ks_state_floats<BF>();
+    float *vec = sm + KS_NB * SB, *redk = vec + KS_NV * KS_VEC, *redo = redk + 8 * V;
+    int *islot = (int *)(redo + 8 * V), *irow = islot + KS_MAX_ITEMS;
     KC_PDL_WAIT();
     KC_PDL_TRIGGER();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, H = a.H, npairs = a.n_items * H;
     const int p0 = blockIdx.x, ps = gridDim.x;
+    for (int i = threadIdx.x; i < a.n_items; i += blockDim.x) islot[i] = a.item_slot[i], irow[i] = a.item_row0[i];
+    __syncthreads();
 #pragma unroll
-    for (int i = 0; i < KS_NB - 1; i++) ks_issue<BF>(a, p0 + i * ps, npairs, sm + i * BUF);
-    int buf = 0;
+    for (int i = 0; i < KS_NB; i++) ks_issue<BF>(a, p0 + i * ps, npairs, sm + i * SB, vec + i * KS_VEC, islot, irow);
+    int sb = 0, vb = 0; /* this pair's state buffer and vector slot */
     for (int p = p0; p < npairs; p += ps) {
-        cp_async_wait<KS_NB - 2>(); /* this pair's copies (this thread's) */
-        __syncthreads();            /* everyone's; and everyone is done with the previous buffer */
-        ks_issue<BF>(a, p + (KS_NB - 1) * ps, npairs, sm + ((buf + KS_NB - 1) % KS_NB) * BUF);
-        const int item = p / H, h = p % H, slot = a.item_slot[item];
-        if (slot >= 0) { /* uniform over the block */
-            const float *Ss = sm + buf * BUF, *vq = Ss + SB, *vk = vq + K, *veg = vk + K, *vv = veg + K, *vgs = vv + V;
-            const float beta = vgs[V];
-            const int r0 = warp * 16, c0 = lane * 4;
-            float4 S[16], ks = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        cp_async_wait<KS_NB - 1>(); /* this pair's copies (this thread's) */
+        __syncthreads();            /* everyone's */
+        const int item = p / H, h = p % H, slot = islot[item];
+        const bool live = slot >= 0; /* uniform over the block */
+        const float *Ss = sm + sb * SB, *vq = vec + vb * KS_VEC, *vk = vq + K, *veg = vk + K, *vv = veg + K, *vgs = vv + V;
+        const int r0 = warp * 16, c0 = lane * 4;
+        float4 S[16];
+        if (live) {
+            float4 ks = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
             for (int i = 0; i < 16; i++) {
                 const int r = r0 + i;
@@ -422,7 +437,14 @@ __global__ void __launch_bounds__(256, 1) kda_stream_kernel(kc_kda_args a)
                 S[i] = s;
             }
             *(float4 *)(redk + warp * V + c0) = ks;
-            __syncthreads();
+        }
+        __syncthreads(); /* the state buffer is free, the partials are in */
+        {
+            const int nb = (sb + KS_NB) % KS_NB, nv = (vb + KS_NB) % KS_NV; /* = sb; vb + 3 */
+            ks_issue<BF>(a, p + KS_NB * ps, npairs, sm + nb * SB, vec + nv * KS_VEC, islot, irow);
+        }
+        if (live) {
+            const float beta = vgs[V];
             float4 u = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
             for (int w = 0; w < 8; w++) {
@@ -459,14 +481,13 @@ __global__ void __launch_bounds__(256, 1) kda_stream_kernel(kc_kda_args a)
                 }
                 const float ss = warp_sum(t.x * t.x + t.y * t.y + t.z * t.z + t.w * t.w);
                 const float rn = 1.0f / sqrtf(ss / V + a.eps);
-                const size_t row = (size_t)a.item_row0[item];
-                bf16 *y = (bf16 *)a.y + row * a.ldy + h * V + c0;
+                bf16 *y = (bf16 *)a.y + (size_t)irow[item] * a.ldy + h * V + c0;
                 const float *on = a.onorm + c0;
                 *(unsigned *)y = ks_pack2(t.x * rn * on[0] * vgs[c0], t.y * rn * on[1] * vgs[c0 + 1]);
                 *(unsigned *)(y + 2) = ks_pack2(t.z * rn * on[2] * vgs[c0 + 2], t.w * rn * on[3] * vgs[c0 + 3]);
             }
         }
-        buf = (buf + 1) % KS_NB;
+        sb = (sb + 1) % KS_NB, vb = (vb + 1) % KS_NV;
     }
 }
 
@@ -475,7 +496,7 @@ __global__ void __launch_bounds__(256, 1) kda_stream_kernel(kc_kda_args a)
 int kc_kda_step_streams(const kc_kda_args *a)
 {
     return a->stream && a->lowrank && a->K == KS_K && a->V == KS_K && a->group <= 1 && a->slot_stride % 4 == 0 &&
-           ((uintptr_t)a->state & 15) == 0 && a->ldy % 2 == 0 && a->H > 0 &&
+           ((uintptr_t)a->state & 15) == 0 && a->ldy % 2 == 0 && a->H > 0 && a->n_items <= KS_MAX_ITEMS &&
            (a->preconv || (a->convw && a->taps >= 1 && a->taps <= 4));
 }
 
