@@ -229,26 +229,18 @@ extern "C" int kc_bench_kernels(kc_bench_row *rows, int max)
         cudaMalloc((void **)&lr, (size_t)B * (HK + HV) * 4);
         a.lowrank = lr, a.lowrank_rows = B;
         char name[128];
-        /* the block-per-head kernel (the column-tiled variant is in kernels/lab/) */
-        ms = median_ms(run_kda, &a, 20);
-        snprintf(name, sizeof name, "kda lowrank+step B=%d (state read+write)", B);
-        emit(&bo, name, 2.0 * B * H * K * V * 4, ms);
-        /* the default kernel with the state stored as bf16 (--kda-state-dtype
-         * bf16): half the bytes; the slot stride stays, only S shrinks */
-        a.state_bf16 = 1;
-        ms = median_ms(run_kda, &a, 20);
-        snprintf(name, sizeof name, "kda lowrank+step [bf16 state] B=%d (state read+write)", B);
-        emit(&bo, name, 2.0 * B * H * K * V * 2, ms);
-        a.state_bf16 = 0;
-        /* the stream path of one-token items (kc_kda_args.stream; tuning kda_stream) */
-        a.stream = 1;
-        ms = median_ms(run_kda, &a, 20);
-        snprintf(name, sizeof name, "kda lowrank+prep+stream B=%d (state read+write)", B);
-        emit(&bo, name, 2.0 * B * H * K * V * 4, ms);
-        a.state_bf16 = 1;
-        ms = median_ms(run_kda, &a, 20);
-        snprintf(name, sizeof name, "kda lowrank+prep+stream [bf16 state] B=%d (state read+write)", B);
-        emit(&bo, name, 2.0 * B * H * K * V * 2, ms);
+        /* the block-per-head kernel (the column-tiled variant is in kernels/lab/),
+         * then the stream path of one-token items (kc_kda_args.stream; tuning
+         * kda_stream); each with fp32 state and with the state stored as bf16
+         * (--kda-state-dtype bf16: half the bytes; the slot stride stays) */
+        for (int st = 0; st < 2; st++)
+            for (int bf = 0; bf < 2; bf++) {
+                a.stream = st, a.state_bf16 = bf;
+                ms = median_ms(run_kda, &a, 20);
+                snprintf(name, sizeof name, "kda lowrank+%s%s B=%d (state read+write)", st ? "prep+stream" : "step",
+                         bf ? " [bf16 state]" : "", B);
+                emit(&bo, name, 2.0 * B * H * K * V * (bf ? 2 : 4), ms);
+            }
         a.state_bf16 = 0, a.stream = 0;
         cudaFree(lr);
         cudaFree(proj), cudaFree(state), cudaFree(vecs), cudaFree(w), cudaFree(y), cudaFree(dmeta);
