@@ -265,6 +265,9 @@ def scrape(url):
                      line)
         if m:
             out[(m.group(1), m.group(2))] = float(m.group(3))
+        m = re.match(r'kda_scheduler_seconds_total\{phase="([a-z]+)"\}\s+(\S+)$', line)
+        if m:
+            out[("sched", m.group(1))] = float(m.group(2))
     return out
 
 
@@ -358,7 +361,10 @@ def run_level(a, mode, value):
                    "mean_step_ms": round(step_s / steps * 1e3, 3) if steps else None,
                    "mean_tokens_per_step": round(step_tok / steps, 2) if steps else None,
                    "step_ms_buckets": bucket_delta(m0, m1, "kda_engine_step_seconds"),
-                   "itl_ms_buckets": bucket_delta(m0, m1, "vllm:inter_token_latency_seconds")},
+                   "itl_ms_buckets": bucket_delta(m0, m1, "vllm:inter_token_latency_seconds"),
+                   # the scheduler thread's wall time by phase, per step (ms)
+                   "sched_ms_per_step": {k[1]: round((m1[k] - m0.get(k, 0)) / steps * 1e3, 4)
+                                         for k in m1 if isinstance(k, tuple) and k[0] == "sched"} if steps else {}},
         "client_long_gaps": long_gaps(ok),
         "client": {"procs": procs, "cpu_util_max": round(max(res["cpu_s"] for res in results.values()) / wall, 3),
                    "loop_lag_ms": {"p50": round((pct(lags, 50) or 0) * 1e3, 3),

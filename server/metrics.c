@@ -35,6 +35,12 @@ static const char *const reject_names[METRICS_N_REJECT] = {
     [METRICS_REJECT_FRAMING] = "framing", [METRICS_REJECT_UNAUTHORIZED] = "unauthorized",
 };
 
+static const char *const sched_phase_names[METRICS_SCHED_N] = {
+    [METRICS_SCHED_IDLE] = "idle", [METRICS_SCHED_ADMIT] = "admit", [METRICS_SCHED_BUILD] = "build",
+    [METRICS_SCHED_ENGINE] = "engine", [METRICS_SCHED_WAIT] = "wait", [METRICS_SCHED_OUTPUTS] = "outputs",
+    [METRICS_SCHED_WAKE] = "wake",
+};
+
 typedef struct {
     const double *le;
     int n_le;
@@ -60,6 +66,7 @@ static struct {
     int pc_snapshots;
     double pc_bytes;
     unsigned long rejected[METRICS_N_REJECT];
+    double sched_s[METRICS_SCHED_N];
     long http_open, http_body_bytes;
     histogram ttft, itl, step;
     histogram e2e, queue, prefill, decode, inference, req_prompt, req_gen, req_max_tokens, req_params_max, iter_tokens;
@@ -157,6 +164,13 @@ void metrics_step(double s, int n_tokens, int n_seqs)
     observe(&m.iter_tokens, n_tokens);
     m.steps++;
     m.step_tokens += (unsigned long)n_tokens;
+    pthread_mutex_unlock(&m.mu);
+}
+
+void metrics_sched_phases(const double *s)
+{
+    pthread_mutex_lock(&m.mu);
+    for (int i = 0; i < METRICS_SCHED_N; i++) m.sched_s[i] += s[i];
     pthread_mutex_unlock(&m.mu);
 }
 
@@ -376,6 +390,10 @@ char *metrics_render(size_t *len)
             "kda_engine_steps_total %lu\n", m.steps);
     put(&t, "# HELP kda_engine_step_tokens_total Tokens fed through engine steps.\n"
             "# TYPE kda_engine_step_tokens_total counter\nkda_engine_step_tokens_total %lu\n", m.step_tokens);
+    put(&t, "# HELP kda_scheduler_seconds_total The scheduler thread's wall time by phase.\n"
+            "# TYPE kda_scheduler_seconds_total counter\n");
+    for (int i = 0; i < METRICS_SCHED_N; i++)
+        put(&t, "kda_scheduler_seconds_total{phase=\"%s\"} %.6f\n", sched_phase_names[i], m.sched_s[i]);
     put(&t, "# HELP kda_queue_depth Sequences waiting for a batch slot.\n# TYPE kda_queue_depth gauge\n"
             "kda_queue_depth %d\n", m.waiting);
     put(&t, "# HELP kda_running_sequences Sequences in the running batch.\n# TYPE kda_running_sequences gauge\n"

@@ -27,6 +27,21 @@ void metrics_cancelled(void);
 void metrics_ttft(double seconds);
 void metrics_itl_many(const double *seconds, int n); /* n gaps under one lock (a step's) */
 void metrics_step(double seconds, int n_tokens, int n_seqs);
+/* The scheduler thread's wall time by what it did (seconds since the last
+ * call, added to kda_scheduler_seconds_total{phase}): where a step's time
+ * goes besides the engine, so the share the GPU waits on the host is read
+ * off /metrics. */
+enum {
+    METRICS_SCHED_IDLE,     /* nothing to run: waiting for a request */
+    METRICS_SCHED_ADMIT,    /* taking submissions, dropping cancelled ones, admitting (prefix cache included) */
+    METRICS_SCHED_BUILD,    /* building the step's items */
+    METRICS_SCHED_ENGINE,   /* inside the engine: the whole step, or its launch with an overlapped step */
+    METRICS_SCHED_WAIT,     /* waiting for an overlapped step's results */
+    METRICS_SCHED_OUTPUTS,  /* the step's results: snapshots, detokenizing, stop strings, output buffers */
+    METRICS_SCHED_WAKE,     /* waking HTTP connections, releasing finished sequences */
+    METRICS_SCHED_N
+};
+void metrics_sched_phases(const double *seconds);
 void metrics_queue(int waiting, int running);
 void metrics_pool(int used_seqs, int total_seqs, double used_bytes);
 /* a request looked its prompt up in the prefix cache and got hit_tokens of it */

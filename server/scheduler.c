@@ -120,6 +120,8 @@ struct sched {
     int grid;                   /* snapshot every grid prompt tokens */
     int32_t *key;               /* [max_seq_len] a finished sequence's fed tokens */
     unsigned next_serial;
+    double t_mark;              /* phase accounting: when the current phase began */
+    double phase_s[METRICS_SCHED_N];
 };
 
 /* ---- client ---- */
@@ -668,6 +670,14 @@ static int reserve_evicting(sched *s, int seq, int n_tokens, char *err, size_t e
 
 /* ---- one step ---- */
 
+/* The time since the last mark goes to phase k. */
+static void phase(sched *s, int k)
+{
+    const double now = srv_now();
+    s->phase_s[k] += now - s->t_mark;
+    s->t_mark = now;
+}
+
 static void step(sched *s)
 {
     int n = 0, n_tok = 0, n_decode = 0, tg_used = 0;
@@ -733,9 +743,11 @@ static void step(sched *s)
     if (!n) return;
 
     char err[256] = "";
-    double t0 = srv_now();
+    phase(s, METRICS_SCHED_BUILD);
+    double t0 = s->t_mark;
     int rc = kda_engine_step(s->e, s->items, n, err, sizeof err);
-    metrics_step(srv_now() - t0, n_tok, n);
+    phase(s, METRICS_SCHED_ENGINE);
+    metrics_step(s->t_mark - t0, n_tok, n);
     if (rc) {
         char msg[300];
         snprintf(msg, sizeof msg, "engine error: %s", err);
@@ -882,10 +894,17 @@ static void sched_free_arrays(sched *s)
 static void *sched_main(void *arg)
 {
     sched *s = arg;
+    s->t_mark = srv_now();
     for (;;) {
         pthread_mutex_lock(&s->mu);
+        if (!s->stop && !s->cancel_all && !s->in_head && s->n_run == 0 && !s->wait_head) {
+            phase(s, METRICS_SCHED_WAKE);
+            metrics_sched_phases(s->phase_s);
+            memset(s->phase_s, 0, sizeof s->phase_s);
+        }
         while (!s->stop && !s->cancel_all && !s->in_head && s->n_run == 0 && !s->wait_head)
             pthread_cond_wait(&s->cv, &s->mu);
+        phase(s, METRICS_SCHED_IDLE);
         if (s->in_head) {
             if (s->wait_tail) s->wait_tail->next = s->in_head;
             else s->wait_head = s->in_head;
@@ -911,7 +930,9 @@ static void *sched_main(void *arg)
             s->n_queued--;
             pthread_mutex_unlock(&s->mu);
         }
+        phase(s, METRICS_SCHED_ADMIT);
         step(s);
+        phase(s, METRICS_SCHED_OUTPUTS);
         reap(s);
         wake_flush(s);
         if (s->n_run == 0) {
@@ -920,6 +941,9 @@ static void *sched_main(void *arg)
             pthread_mutex_unlock(&s->mu);
             admit(s);   /* refresh the pool gauges */
         }
+        phase(s, METRICS_SCHED_WAKE);
+        metrics_sched_phases(s->phase_s);
+        memset(s->phase_s, 0, sizeof s->phase_s);
     }
     return NULL;
 }
