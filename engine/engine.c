@@ -45,6 +45,10 @@ struct kda_engine {
     int stamp;
     int32_t *hist;       /* [max_seqs][max_seq_len] every token fed to each sequence */
     int bad_item;        /* the item a refused step failed on, -1 = none */
+    int in_flight;       /* items of a step begun and not ended (e->items[0..in_flight)) */
+    int flight_rc;       /* its result when another call ended it (returned by kda_engine_step_end) */
+    int flight_done;
+    char flight_err[256];
     snap_entry *snaps;   /* [n_snaps] prefix snapshots */
     int n_snaps;
 };
@@ -265,6 +269,7 @@ int kda_engine_open(kda_engine **out, const kda_engine_opts *o, char *err, size_
     e->info.state_pool_bytes = e->be->state_pool_bytes;
     e->info.max_full_context_seqs = e->be->max_full_context_seqs;
     e->info.pass_rows = e->be->pass_rows;
+    e->info.async_step = e->be->step_begin != NULL;
     if (e->be->kv_bytes_per_token) e->info.kv_bytes_per_token = e->be->kv_bytes_per_token;
     e->n_snaps = e->be->snap_take ? e->be->n_snaps : 0;
     e->info.max_snapshots = e->n_snaps;
@@ -281,9 +286,32 @@ fail:
     return rc;
 }
 
+/* Waits for the step in flight, if any: its outputs into the items, a device
+ * failure onto its sequences. */
+static int flight_end(kda_engine *e, char *err, size_t errlen)
+{
+    if (!e->in_flight) return 0;
+    const int n = e->in_flight;
+    e->in_flight = 0;
+    int rc = e->be->step_end(e->be, err, errlen);
+    if (rc)
+        for (int i = 0; i < n; i++) e->seqs[e->items[i].slot].failed = 1;
+    return rc;
+}
+
+/* Before a call that changes the engine: the step in flight ends, its result
+ * kept for kda_engine_step_end. */
+static void flight_settle(kda_engine *e)
+{
+    if (!e->in_flight) return;
+    e->flight_rc = flight_end(e, e->flight_err, sizeof e->flight_err);
+    e->flight_done = 1;
+}
+
 void kda_engine_close(kda_engine *e)
 {
     if (!e) return;
+    flight_settle(e);
     if (e->be) e->be->destroy(e->be);
     for (int i = 0; e->snaps && i < e->n_snaps; i++) free(e->snaps[i].tokens);
     free(e->snaps);
@@ -302,6 +330,7 @@ static int live(const kda_engine *e, int id) { return id >= 0 && id < e->max_seq
 
 int kda_seq_new(kda_engine *e, int *seq_id, char *err, size_t errlen)
 {
+    flight_settle(e);
     for (int i = 0; i < e->max_seqs; i++) {
         if (e->seqs[i].in_use) continue;
         int rc = e->be->seq_reset(e->be, i, err, errlen);
@@ -317,6 +346,7 @@ int kda_seq_new(kda_engine *e, int *seq_id, char *err, size_t errlen)
 void kda_seq_free(kda_engine *e, int id)
 {
     if (!live(e, id)) return;
+    flight_settle(e);
     e->seqs[id].in_use = 0;
     if (e->be->seq_release) e->be->seq_release(e->be, id);
 }
@@ -333,6 +363,7 @@ int kda_seq_reserve(kda_engine *e, int id, int n_tokens, char *err, size_t errle
         snprintf(err, errlen, "%d tokens exceed the context capacity %d", n_tokens, e->info.max_seq_len);
         return KDA_ECTX;
     }
+    flight_settle(e);
     return e->be->seq_reserve ? e->be->seq_reserve(e->be, id, n_tokens, err, errlen) : 0;
 }
 
@@ -368,6 +399,7 @@ void kda_engine_usage(const kda_engine *e, kda_usage *u)
 
 void kda_engine_prof_take(kda_engine *e, kda_prof *out)
 {
+    flight_settle(e);
     memset(out, 0, sizeof *out);
     if (e->be->prof_take) e->be->prof_take(e->be, out);
 }
@@ -440,6 +472,24 @@ int kda_engine_step_bad_item(const kda_engine *e) { return e->bad_item; }
 
 int kda_engine_step(kda_engine *e, kda_batch_item *items, int n, char *err, size_t errlen)
 {
+    int rc = kda_engine_step_begin(e, items, n, err, errlen);
+    return rc ? rc : kda_engine_step_end(e, err, errlen);
+}
+
+int kda_engine_step_end(kda_engine *e, char *err, size_t errlen)
+{
+    if (e->flight_done) { /* ended by another call */
+        e->flight_done = 0;
+        if (e->flight_rc && err && errlen) snprintf(err, errlen, "%s", e->flight_err);
+        return e->flight_rc;
+    }
+    return flight_end(e, err, errlen);
+}
+
+int kda_engine_step_begin(kda_engine *e, kda_batch_item *items, int n, char *err, size_t errlen)
+{
+    flight_settle(e);
+    e->flight_done = 0; /* a result nobody asked for is dropped with the next step */
     e->bad_item = -1;
     if (n <= 0 || n > e->max_seqs || !items) {
         snprintf(err, errlen, "a step takes 1..%d items (got %d)", e->max_seqs, n);
@@ -475,13 +525,15 @@ int kda_engine_step(kda_engine *e, kda_batch_item *items, int n, char *err, size
         memcpy(h + pos, it->tokens, (size_t)it->n_tokens * sizeof *h);
         e->items[i] = (step_item){.slot = it->seq, .pos = pos, .it = it, .hist = h};
     }
-    int rc = e->be->step(e->be, e->items, n, err, errlen);
+    int rc = e->be->step_begin ? e->be->step_begin(e->be, e->items, n, err, errlen)
+                               : e->be->step(e->be, e->items, n, err, errlen);
     if (rc) {
         if (rc != KDA_ENOMEM) /* ENOMEM: refused before any state was touched (model.h) */
             for (int i = 0; i < n; i++) e->seqs[items[i].seq].failed = 1;
         return rc;
     }
     for (int i = 0; i < n; i++) e->seqs[items[i].seq].pos += items[i].n_tokens;
+    if (e->be->step_begin) e->in_flight = n;
     return 0;
 }
 
@@ -491,6 +543,7 @@ static int snap_live(const kda_engine *e, int id) { return id >= 0 && id < e->n_
 
 int kda_snapshot_take(kda_engine *e, int id, int *snap_id, char *err, size_t errlen)
 {
+    flight_settle(e);
     if (!live(e, id) || e->seqs[id].failed || e->seqs[id].pos < 1) {
         snprintf(err, errlen, "sequence %d cannot be snapshotted (not live, failed or empty)", id);
         return KDA_EINVAL;
@@ -521,6 +574,7 @@ int kda_snapshot_take(kda_engine *e, int id, int *snap_id, char *err, size_t err
 int kda_seq_restore(kda_engine *e, int id, int snap_id, const int32_t *tokens, int n_tokens, char *err,
                     size_t errlen)
 {
+    flight_settle(e);
     if (!live(e, id) || e->seqs[id].failed || e->seqs[id].pos != 0) {
         snprintf(err, errlen, "sequence %d is not a live empty sequence", id);
         return KDA_EINVAL;
@@ -548,6 +602,7 @@ int kda_seq_restore(kda_engine *e, int id, int snap_id, const int32_t *tokens, i
 
 void kda_snapshot_drop(kda_engine *e, int snap_id)
 {
+    flight_settle(e);
     if (!snap_live(e, snap_id)) return;
     e->be->snap_drop(e->be, snap_id);
     e->snaps[snap_id].in_use = 0;

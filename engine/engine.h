@@ -143,6 +143,7 @@ typedef struct {
     int pass_rows;             /* rows one forward pass takes at once (CUDA: the prefill pass); 0 = any */
     int max_snapshots;         /* prefix snapshot slots (kda_engine_opts.snapshot_bytes) */
     size_t snapshot_bytes_each;/* KDA state of one snapshot as the backend stores it */
+    int async_step;            /* kda_engine_step_begin returns while the device runs the step */
 } kda_model_info;
 
 int kda_engine_open(kda_engine **out, const kda_engine_opts *opts, char *err, size_t errlen);
@@ -250,6 +251,20 @@ typedef struct {
 } kda_batch_item;
 
 int kda_engine_step(kda_engine *e, kda_batch_item *items, int n_items, char *err, size_t errlen);
+/* The same step in two halves, so the caller's own work runs while the
+ * device computes (a server renders the previous step's tokens meanwhile):
+ * kda_engine_step_begin validates, takes memory and launches, with
+ * kda_engine_step's refusals (nothing advanced, nothing in flight); the
+ * sequences' lengths count the step's tokens from then on.
+ * kda_engine_step_end waits for the device, writes the items' outputs and
+ * returns the step's result (KDA_EDEVICE as kda_engine_step's). Until then
+ * the items and everything they point to must stay as they are. Any other
+ * call that changes the engine (sequences, snapshots, a step, close) ends the
+ * step in flight first; kda_engine_step_end still returns its result.
+ * kda_model_info.async_step says whether begin returns before the device
+ * has finished (CUDA); elsewhere begin does the whole step. */
+int kda_engine_step_begin(kda_engine *e, kda_batch_item *items, int n_items, char *err, size_t errlen);
+int kda_engine_step_end(kda_engine *e, char *err, size_t errlen);
 /* After a step refused with KDA_EINVAL / KDA_ECTX / KDA_ENOMEM: the index of
  * the item at fault, or -1 when the step as a whole was (bad count). Nothing
  * advanced, so a caller may drop that item and run the rest again. */

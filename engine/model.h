@@ -234,6 +234,12 @@ struct backend {
      * backend's slots are fixed-size (CPU). */
     int (*seq_reserve)(backend *b, int slot, int n_tokens, char *err, size_t errlen);
     int (*step)(backend *b, const step_item *items, int n, char *err, size_t errlen);
+    /* Optional: step() in two halves (engine.h kda_engine_step_begin). begin
+     * launches and may return before the device finishes; end waits and
+     * writes the items' outputs. The engine keeps items[] and what they
+     * point to intact in between and calls nothing else on the backend. */
+    int (*step_begin)(backend *b, const step_item *items, int n, char *err, size_t errlen);
+    int (*step_end)(backend *b, char *err, size_t errlen);
     /* Optional: KV bytes held by live sequences (reserved blocks included). */
     size_t (*kv_bytes_used)(const backend *b);
     /* Optional: engine.h kda_engine_prof_take. */

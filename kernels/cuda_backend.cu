@@ -548,6 +548,8 @@ int cuda_backend_create(backend **out, const backend_params *p, char *err, size_
     b->base.seq_release = cuda_seq_release;
     b->base.seq_reserve = cuda_seq_reserve;
     b->base.step = cu_step;
+    b->base.step_begin = cu_step_begin;
+    b->base.step_end = cu_step_end;
     b->base.kv_bytes_used = cuda_kv_bytes_used;
     if (b->d.n_snaps) {
         b->base.n_snaps = b->d.n_snaps;

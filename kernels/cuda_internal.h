@@ -120,6 +120,9 @@ typedef struct {
     int *row_item, *row_tok;   /* [PM] */
     int *done;                 /* [max_seqs] */
     step_item *split_items;    /* [max_seqs]: a mixed step's one-token items, then its chunks */
+    /* outputs enqueued and not yet read back (cu_step_begin leaves the last
+     * block's for cu_step_end) */
+    struct { const step_item *items; const int *row_item, *row_tok; int n_out, active; } pend;
     /* decode graphs, one per bucket */
     cudaGraphExec_t graph[CP_N_BUCKETS];
     /* tuning prof=1: an event after each piece of work, the kind of work
@@ -163,5 +166,8 @@ int cu_logits(cuda_backend *b, int k0, int n, char *err, size_t errlen);
 void cu_use_meta(cuda_backend *b, int prefill); /* which block dm / hm view */
 int cu_upload_meta(cuda_backend *b, char *err, size_t errlen);
 int cu_step(backend *bb, const step_item *items, int n, char *err, size_t errlen);
+/* the same in two halves: begin returns with the last outputs' copies enqueued, end waits and reads them */
+int cu_step_begin(backend *bb, const step_item *items, int n, char *err, size_t errlen);
+int cu_step_end(backend *bb, char *err, size_t errlen);
 
 #endif

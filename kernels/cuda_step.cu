@@ -92,11 +92,13 @@ static int logits_to_host(cuda_backend *b, const step_item *items, const int *ro
 }
 
 /* After the logits of out rows [0, n_out) (row_item / row_tok say whose) are
- * in b->logits: compute and copy back what their items asked for. With the
+ * in b->logits: compute what their items asked for and enqueue the copies
+ * back (emit_collect reads them once the stream is idle; until then nothing
+ * else may use the output buffers). With the
  * prefill kernels one fused pass per row gives lse, target log-probs and the
  * per-position top-n (kc_logprob_rows); otherwise kc_row_lse + gather, and
  * per-position top-n through kc_sample's (greedy) top-n. */
-static int emit_outputs(cuda_backend *b, const step_item *items, const int *row_item, const int *row_tok, int n_out,
+static int emit_enqueue(cuda_backend *b, const step_item *items, const int *row_item, const int *row_tok, int n_out,
                         char *err, size_t errlen)
 {
     const int vocab = b->d.vocab, cap = b->d.max_seq_len, fused = b->fast_prefill;
@@ -190,9 +192,18 @@ static int emit_outputs(cuda_backend *b, const step_item *items, const int *row_
         }
     }
     PROF(b, KDA_PROF_LMHEAD);
-    int rc = logits_to_host(b, items, row_item, row_tok, n_out, err, errlen);
-    if (rc) return rc;
-    CK(cudaStreamSynchronize(s));
+    b->pend = {items, row_item, row_tok, n_out, 1};
+    return logits_to_host(b, items, row_item, row_tok, n_out, err, errlen);
+}
+
+/* The outputs emit_enqueue left, into their items (the stream is idle). */
+static void emit_collect(cuda_backend *b)
+{
+    if (!b->pend.active) return;
+    b->pend.active = 0;
+    const step_item *items = b->pend.items;
+    const int *row_item = b->pend.row_item, *row_tok = b->pend.row_tok, n_out = b->pend.n_out;
+    const int fused = b->fast_prefill;
     int ilp = 0, isp = 0;
     for (int r = 0; r < n_out; r++) {
         const kda_batch_item *it = items[row_item[r]].it;
@@ -222,21 +233,45 @@ static int emit_outputs(cuda_backend *b, const step_item *items, const int *row_
         }
         isp++;
     }
+}
+
+static int emit_outputs(cuda_backend *b, const step_item *items, const int *row_item, const int *row_tok, int n_out,
+                        char *err, size_t errlen)
+{
+    int rc = emit_enqueue(b, items, row_item, row_tok, n_out, err, errlen);
+    if (rc) return rc;
+    CK(cudaStreamSynchronize(b->st));
+    emit_collect(b);
     return 0;
 }
 
 static int step(cuda_backend *b, const step_item *items, int n, char *err, size_t errlen);
 
-int cu_step(backend *bb, const step_item *items, int n, char *err, size_t errlen)
+int cu_step_begin(backend *bb, const step_item *items, int n, char *err, size_t errlen)
 {
     cuda_backend *b = (cuda_backend *)bb;
+    b->pend.active = 0;
     const int rc = step(b, items, n, err, errlen);
-    if (b->prof_on && !rc) {
-        cudaStreamSynchronize(b->st);
+    if (rc) b->pend.active = 0;
+    return rc;
+}
+
+int cu_step_end(backend *bb, char *err, size_t errlen)
+{
+    cuda_backend *b = (cuda_backend *)bb;
+    CK(cudaStreamSynchronize(b->st));
+    emit_collect(b);
+    if (b->prof_on) {
         cu_prof_fold(b);
         b->prof_steps++;
     }
-    return rc;
+    return 0;
+}
+
+int cu_step(backend *bb, const step_item *items, int n, char *err, size_t errlen)
+{
+    const int rc = cu_step_begin(bb, items, n, err, errlen);
+    return rc ? rc : cu_step_end(bb, err, errlen);
 }
 
 static int step(cuda_backend *b, const step_item *items, int n, char *err, size_t errlen)
@@ -258,7 +293,10 @@ static int step(cuda_backend *b, const step_item *items, int n, char *err, size_
         for (int i = 0; i < n; i++) (items[i].it->n_tokens == 1 ? one[a++] : many[c++]) = items[i];
         if (!b->tn.mixed_pass || n1 > d->TM) {
             int rc = step(b, one, a, err, errlen);
-            return rc ? rc : step(b, many, c, err, errlen);
+            if (rc) return rc;
+            CK(cudaStreamSynchronize(b->st)); /* the first half's outputs before the second reuses the buffers */
+            emit_collect(b);
+            return step(b, many, c, err, errlen);
         }
         items = b->split_items;
         n_dec = n1;
@@ -270,7 +308,7 @@ static int step(cuda_backend *b, const step_item *items, int n, char *err, size_
         const int Tb = cp_pack_decode(&b->hm, items, n, b->tn.graphs, &bi);
         for (int r = 0; r < n; r++) row_item[r] = r, row_tok[r] = 0; /* logits row r = item r */
         rc = run_decode(b, Tb, bi, err, errlen);
-        return rc ? rc : emit_outputs(b, items, row_item, row_tok, n, err, errlen);
+        return rc ? rc : emit_enqueue(b, items, row_item, row_tok, n, err, errlen);
     }
     /* prompt chunks (and any decode rows with them): passes of at most PM rows
      * (TM with the decode kernels), outputs in blocks of TM rows */
@@ -280,6 +318,8 @@ static int step(cuda_backend *b, const step_item *items, int n, char *err, size_
         int ni = 0, no = 0, ctx = 0;
         const int T = cp_pack_pass(&b->hm, items, n, b->done, rows, &ni, &no, &ctx, row_item, row_tok);
         if (T == 0) break;
+        int more = 0; /* another pass follows */
+        for (int i = 0; i < n && !more; i++) more = b->done[i] < items[i].it->n_tokens;
         if ((rc = cu_upload_meta(b, err, errlen))) return rc;
         /* the first pass packs the n_dec one-token items first (n_dec <= TM <= PM) */
         rc = b->fast_prefill ? cu_forward_prefill(b, T, ni, n_dec, ctx, err, errlen)
@@ -288,14 +328,15 @@ static int step(cuda_backend *b, const step_item *items, int n, char *err, size_
         for (int k0 = 0; !rc && k0 < no; k0 += d->TM) {
             const int nb = no - k0 < d->TM ? no - k0 : d->TM;
             rc = cu_logits(b, k0, nb, err, errlen);
-            if (!rc) rc = emit_outputs(b, items, row_item + k0, row_tok + k0, nb, err, errlen);
+            /* the step's last outputs are read back by cu_step_end */
+            if (!rc) rc = more || k0 + nb < no ? emit_outputs(b, items, row_item + k0, row_tok + k0, nb, err, errlen)
+                                               : emit_enqueue(b, items, row_item + k0, row_tok + k0, nb, err, errlen);
         }
-        if (rc) return rc;
+        if (rc || !more) return rc;
         /* the next pass packs into the same pinned metadata the upload above
          * reads asynchronously: wait for this pass first (emit_outputs did
          * when there were outputs) */
         if (!no) CK(cudaStreamSynchronize(b->st));
     }
-    CK(cudaStreamSynchronize(b->st));
     return 0;
 }

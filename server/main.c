@@ -37,6 +37,7 @@ typedef struct {
     int no_webui;
     int port, max_batch, max_queue, max_seq_len, threads, http_threads, step_tokens, step_tokens_idle, prefill_chunk;
     int prefix_cache, prefix_grid;
+    int step_overlap;    /* -1 auto (on where the engine's steps are asynchronous), 0 off, 1 on */
     long prefix_cache_bytes;
     double grace_s, heartbeat_s, gpu_mem_fraction;
     long max_body;
@@ -74,6 +75,10 @@ static void usage(FILE *f)
         "  --step-tokens-idle N   ... and when none decodes (default: cpu 512, cuda the engine's\n"
         "                         prefill pass, 8192)\n"
         "  --prefill-chunk N      prompts are cut at multiples of N tokens (default: cpu 128, cuda 256)\n"
+        "  --step-overlap auto|on|off  launch each engine step before the previous step's tokens are\n"
+        "                         turned into text and sent, which then overlaps the device's work\n"
+        "                         (default auto: on for cuda, off for cpu, whose steps run on the\n"
+        "                         calling thread and would deliver each token a step late)\n"
         "  --prefix-cache on|off  reuse KDA state snapshots and KV of shared prompt prefixes across\n"
         "                         requests, exactly (default on; a request bypasses it with\n"
         "                         \"cache_prompt\": false)\n"
@@ -158,7 +163,7 @@ static int parse_flags(int argc, char **argv, flags *f)
 {
     *f = (flags){.host = "127.0.0.1", .device = "cpu", .port = 8080, .max_batch = 32, .max_queue = 256,
                  .http_threads = 4, .grace_s = 30,
-                 .prefix_cache = 1, .prefix_cache_bytes = 2147483648L,
+                 .prefix_cache = 1, .step_overlap = -1, .prefix_cache_bytes = 2147483648L,
                  .heartbeat_s = 15, .max_body = 8 << 20,
                  .max_connections = -1, .max_per_client = -1, .body_budget = 192L << 20, .body_budget_per_client = -1,
                  .max_json = 32L << 20, .max_response = 64L << 20,
@@ -202,6 +207,13 @@ static int parse_flags(int argc, char **argv, flags *f)
                 return -1;
             }
             f->api_key = v;
+        }
+        else if (!strcmp(a, "--step-overlap")) {
+            if (strcmp(v, "auto") && strcmp(v, "on") && strcmp(v, "off")) {
+                fprintf(stderr, "kda-server: --step-overlap must be auto, on or off, got \"%s\"\n", v);
+                return -1;
+            }
+            f->step_overlap = !strcmp(v, "auto") ? -1 : !strcmp(v, "on");
         }
         else if (!strcmp(a, "--prefix-cache")) {
             if (strcmp(v, "on") && strcmp(v, "off")) {
@@ -493,7 +505,8 @@ int main(int argc, char **argv)
                      .step_tokens_idle = f.step_tokens_idle, .prefill_chunk = f.prefill_chunk,
                      .chunks_per_step = on_gpu ? 0 : 1, .max_pending = 4u << 20,
                      .prefix_cache_bytes = f.prefix_cache ? (size_t)f.prefix_cache_bytes : 0,
-                     .prefix_grid = f.prefix_grid};
+                     .prefix_grid = f.prefix_grid,
+                     .overlap = f.step_overlap >= 0 ? f.step_overlap : info->async_step};
     log_prefix_cache(info, &so);
     if (sched_start(&s, e, tok, &so, err, sizeof err)) {
         srv_log(SRV_LOG_ERROR, "scheduler: %s", err);
@@ -502,9 +515,10 @@ int main(int argc, char **argv)
     http_set_ready(h, &ctx, s);
     srv_log(SRV_LOG_INFO,
             "ready: model \"%s\", max batch %d, queue %d, step budget %d tokens (%d with nothing decoding, "
-            "chunks of %d), API key %s, %d HTTP threads, up to %d connections (%d per client), request timeout "
+            "chunks of %d), steps %s, API key %s, %d HTTP threads, up to %d connections (%d per client), request timeout "
             "%.0fs, request bodies in flight up to %.0f MiB (%.0f MiB per client), responses up to %.0f MiB",
-            name, max_batch, f.max_queue, f.step_tokens, f.step_tokens_idle, f.prefill_chunk, key ? "required" : "off",
+            name, max_batch, f.max_queue, f.step_tokens, f.step_tokens_idle, f.prefill_chunk,
+            so.overlap ? "overlapped" : "in turn", key ? "required" : "off",
             f.http_threads, ho.max_connections, ho.max_per_client, ho.request_timeout_s,
             (double)ho.body_budget / 1048576.0, (double)ho.body_budget_per_client / 1048576.0,
             (double)f.max_response / 1048576.0);

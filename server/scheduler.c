@@ -3,12 +3,26 @@
  *
  * One loop iteration = one step boundary:
  *   1. take newly submitted tasks into the FIFO wait list;
- *   2. drop sequences whose client went away (or everything, at shutdown);
- *   3. admit waiting tasks while the batch and the engine have room;
- *   4. build ONE kda_engine_step: one token for every decoding sequence,
- *      then prompt chunks (oldest first) while the token budget lasts;
- *   5. turn sampled ids into text, apply stop strings, append the output to
- *      each task and wake its HTTP connection.
+ *   2. end the step in flight and commit its results: prompt progress (and
+ *      snapshots), each sampled id appended to its sequence, EOS and length
+ *      decided (so no later step takes a finished sequence);
+ *   3. drop sequences whose client went away (or everything, at shutdown)
+ *      and release finished ones;
+ *   4. admit waiting tasks while the batch and the engine have room;
+ *   5. build and launch ONE engine step: one token for every decoding
+ *      sequence, then prompt chunks (oldest first) while the budget lasts;
+ *   6. turn the ids committed in 2 into text, apply stop strings, append the
+ *      output to each task and wake its HTTP connection.
+ * Overlap (sched_opts.overlap, on where the engine's steps are asynchronous):
+ * 6 runs while the device computes the step launched in 5, so the host's
+ * per-token work no longer sits between two steps. The price: a sequence
+ * that a stop string ends in 6 is already in the step in flight, whose id for
+ * it is dropped (its state is one token further, which its end-of-generation
+ * snapshot accounts for), and finished sequences are released one step later.
+ * Without overlap 6 runs right after 2 (the CPU backend computes inside the
+ * launch, so overlapping would only deliver every token a step late). Every
+ * call that changes the engine (3, 4, the snapshots of 2) happens while no
+ * step is in flight.
  * Prompt chunks are cut at fixed positions (multiples of prefill_chunk) no
  * matter what else runs, so a request's arithmetic on the CPU, and therefore
  * its sampled output for a given seed, does not depend on its neighbours. On
@@ -85,6 +99,14 @@ struct run_seq {
     int32_t *top_ids;           /* [n_top] */
     float *top_lps;             /* [n_top] */
     double t_last;              /* last emitted id, for inter-token latency */
+    int in_step;                /* an item of the step in flight */
+    int emit_pending;           /* gen[n_gen - 1] is committed, its text not yet delivered */
+    int32_t emit_id;            /* ... that id, its log-prob, its alternatives and when it arrived */
+    float emit_lp;
+    int32_t *emit_top_ids;      /* [n_top]: copied at commit, since the next step writes top_ids */
+    float *emit_top_lps;
+    double emit_t;
+    int final;                  /* the committed id ends it (EOS, length): no further step takes it */
     int finish;                 /* set during a step; the seq is removed after it */
     char error[256];
 };
@@ -110,6 +132,10 @@ struct sched {
     kda_batch_item *items;      /* [max_batch] */
     run_seq **item_seq;         /* [max_batch] */
     double *itl;                /* [max_batch] inter-token gaps of one step, recorded together */
+    int n_flight, n_flight_tok; /* items and tokens of the step in flight (items[], item_seq[]) */
+    double t_flight;            /* when it began */
+    run_seq **emit_list;        /* [max_batch] sequences with emit_pending */
+    int n_emit;
     int n_itl, n_gen_step;      /* gaps and generated tokens of the step so far */
     int32_t *targets;           /* [n_targets] prompt targets of one step, handed out in item order */
     int n_targets;
@@ -260,7 +286,7 @@ static void run_seq_free(run_seq *r)
     if (!r) return;
     tok_stream_free(r->ts);
     if (r->stopper) tok_stopper_free(r->stopper);
-    free(r->gen); free(r->top_ids); free(r->top_lps); free(r->bias);
+    free(r->gen); free(r->top_ids); free(r->top_lps); free(r->emit_top_ids); free(r->emit_top_lps); free(r->bias);
     free(r);
 }
 
@@ -296,6 +322,8 @@ static run_seq *run_seq_new(const tok_tokenizer *tok, sched_client *c, sched_tas
     r->gen = malloc((size_t)(t->max_tokens > 0 ? t->max_tokens : 1) * sizeof *r->gen);
     r->top_ids = malloc((size_t)(t->n_top > 0 ? t->n_top : 1) * sizeof *r->top_ids);
     r->top_lps = malloc((size_t)(t->n_top > 0 ? t->n_top : 1) * sizeof *r->top_lps);
+    r->emit_top_ids = malloc((size_t)(t->n_top > 0 ? t->n_top : 1) * sizeof *r->emit_top_ids);
+    r->emit_top_lps = malloc((size_t)(t->n_top > 0 ? t->n_top : 1) * sizeof *r->emit_top_lps);
     r->ts = tok_stream_new(tok);
     if (t->n_stops) r->stopper = tok_stopper_new((const char *const *)t->stops, t->n_stops);
     if (t->prompt_logprobs) {
@@ -305,7 +333,7 @@ static run_seq *run_seq_new(const tok_tokenizer *tok, sched_client *c, sched_tas
             t->prompt_top_lps = calloc((size_t)t->n_prompt * (size_t)t->n_top, sizeof *t->prompt_top_lps);
         }
     }
-    if (!r->gen || !r->top_ids || !r->top_lps || !r->ts || (t->n_stops && !r->stopper) ||
+    if (!r->gen || !r->top_ids || !r->top_lps || !r->emit_top_ids || !r->emit_top_lps || !r->ts || (t->n_stops && !r->stopper) ||
         (t->prompt_logprobs && !t->prompt_lps) ||
         (t->prompt_logprobs && t->n_top && (!t->prompt_top_ids || !t->prompt_top_lps))) {
         run_seq_free(r);
@@ -399,27 +427,47 @@ static int emit_text(sched *s, run_seq *r, const char *p, size_t n)
     return stopped;
 }
 
-/* One sampled id: record it, detokenize, check EOS / stop strings / length. */
-static void on_token(sched *s, run_seq *r, int32_t id, float lp)
+/* One sampled id, the moment the step that made it ends: it joins the
+ * sequence (the next step feeds it), and whether it ends the sequence by
+ * EOS or length is decided here, so no further step takes a finished
+ * sequence. Its text is made by emit_token, which may run while the next
+ * step computes. */
+static void commit_token(sched *s, run_seq *r, int32_t id, float lp)
 {
-    sched_task *t = r->t;
-    double now = srv_now();
+    const sched_task *t = r->t;
+    const double now = srv_now();
     r->gen[r->n_gen++] = id;
     min_tokens_reached(r);
     if (r->n_gen == 1) metrics_ttft(now - t->t_submit);
     else if (s->n_itl < s->o.max_batch) s->itl[s->n_itl++] = now - r->t_last;
     r->t_last = now;
+    r->emit_id = id;
+    r->emit_lp = lp;
+    r->emit_t = now;
+    if (t->n_top > 0) {
+        memcpy(r->emit_top_ids, r->top_ids, (size_t)t->n_top * sizeof *r->top_ids);
+        memcpy(r->emit_top_lps, r->top_lps, (size_t)t->n_top * sizeof *r->top_lps);
+    }
+    r->final = id == t->eos_id && !t->ignore_eos ? SCHED_FINISH_EOS
+             : r->n_gen >= t->max_tokens ? SCHED_FINISH_LENGTH : 0;
+    r->emit_pending = 1;
+    s->emit_list[s->n_emit++] = r;
+}
 
+/* The committed id's text: detokenize, stop strings, the task's output,
+ * the end of the task or a wake-up for its connection. */
+static void emit_token(sched *s, run_seq *r)
+{
+    sched_task *t = r->t;
+    const int32_t id = r->emit_id;
     s->emit_len = 0;
-    int finish = 0;
-    if (id == t->eos_id && !t->ignore_eos) {
-        finish = SCHED_FINISH_EOS;
-    } else {
+    int finish = r->final == SCHED_FINISH_EOS ? SCHED_FINISH_EOS : 0;
+    if (!finish) {
         size_t n = 0;
         const char *p = tok_stream_push(r->ts, id, &n);
         if (emit_text(s, r, p, n)) finish = SCHED_FINISH_STOP;
     }
-    if (!finish && r->n_gen >= t->max_tokens) finish = SCHED_FINISH_LENGTH;
+    if (!finish && r->final) finish = r->final;
     if (finish && finish != SCHED_FINISH_STOP) {
         /* The stream may hold an incomplete UTF-8 tail, the stopper a
          * possible stop-string prefix: both are text after all. */
@@ -435,10 +483,10 @@ static void on_token(sched *s, run_seq *r, int32_t id, float lp)
     sched_client *c = r->c;
     int oom = 0, slow = 0;
     pthread_mutex_lock(&c->mu);
-    oom |= out_token(&t->out, t->n_top, id, lp, r->top_ids, r->top_lps);
+    oom |= out_token(&t->out, t->n_top, id, r->emit_lp, r->emit_top_ids, r->emit_top_lps);
     if (s->emit_len) oom |= sched_out_text(&t->out, s->emit, s->emit_len);
     t->n_gen = r->n_gen;
-    if (t->n_gen == 1) t->t_first = now;
+    if (t->n_gen == 1) t->t_first = r->emit_t;
     c->dirty = 1;
     slow = c->stream && t->out.len > s->o.max_pending;
     pthread_mutex_unlock(&c->mu);
@@ -448,6 +496,22 @@ static void on_token(sched *s, run_seq *r, int32_t id, float lp)
     else if (slow) task_finish(s, r, SCHED_FINISH_ABORT, "client is not reading its stream");
     else if (finish) task_finish(s, r, finish, NULL);
     else wake_add(s, c);
+}
+
+/* Every committed id's text (a sequence that ended meanwhile, by a
+ * disconnect, drops its last one). */
+static void emit_pending(sched *s)
+{
+    for (int i = 0; i < s->n_emit; i++) {
+        run_seq *r = s->emit_list[i];
+        r->emit_pending = 0;
+        if (!r->finish) emit_token(s, r);
+    }
+    s->n_emit = 0;
+    /* the metrics' lock once a step, not twice per token (HTTP threads take it too) */
+    metrics_itl_many(s->itl, s->n_itl);
+    if (s->n_gen_step) metrics_generated_tokens(s->n_gen_step);
+    s->n_itl = s->n_gen_step = 0;
 }
 
 /* ---- prefix cache (see the top of this file) ---- */
@@ -652,9 +716,12 @@ static void cache_finished(sched *s, run_seq *r)
     if (!s->pc || !r->cache || r->seq < 0 || r->n_gen < 1) return;
     if (r->finish != SCHED_FINISH_LENGTH && r->finish != SCHED_FINISH_EOS && r->finish != SCHED_FINISH_STOP) return;
     const sched_task *t = r->t;
-    const int n = t->n_prompt + r->n_gen - 1;
+    /* the prompt and the generated ids but the last; or all of them when a
+     * stop string ended it while the next step, which fed the last, ran */
+    const int n = kda_seq_len(s->e, r->seq), g = n - t->n_prompt;
+    if (g < 0 || g > r->n_gen) return;
     memcpy(s->key, t->prompt, (size_t)t->n_prompt * sizeof *s->key);
-    memcpy(s->key + t->n_prompt, r->gen, (size_t)(r->n_gen - 1) * sizeof *s->key);
+    memcpy(s->key + t->n_prompt, r->gen, (size_t)g * sizeof *s->key);
     cache_take(s, r, s->key, n);
 }
 
@@ -678,16 +745,21 @@ static void phase(sched *s, int k)
     s->t_mark = now;
 }
 
-static void step(sched *s)
+/* Builds the next step (one token for every decoding sequence, then prompt
+ * chunks oldest first while the budget lasts) and launches it. */
+static void step_launch(sched *s)
 {
     int n = 0, n_tok = 0, n_decode = 0, tg_used = 0;
     const int C = s->o.prefill_chunk;
-    for (int i = 0; i < s->n_run; i++) n_decode += s->running[i]->n_done >= s->running[i]->t->n_prompt;
+    for (int i = 0; i < s->n_run; i++) {
+        const run_seq *r = s->running[i];
+        n_decode += !r->finish && !r->final && r->n_done >= r->t->n_prompt;
+    }
     int budget = n_decode ? s->o.step_tokens : s->o.step_tokens_idle;
 
     for (int i = 0; i < s->n_run; i++) {
         run_seq *r = s->running[i];
-        if (r->n_done < r->t->n_prompt) continue;
+        if (r->finish || r->final || r->n_done < r->t->n_prompt) continue;
         s->items[n] = (kda_batch_item){
             .seq = r->seq, .tokens = &r->gen[r->n_gen - 1], .n_tokens = 1,
             .sampling = &r->samp, .sampled = &r->sampled, .sampled_logprob = &r->sampled_lp,
@@ -700,7 +772,7 @@ static void step(sched *s)
     for (int i = 0; i < s->n_run; i++) {
         run_seq *r = s->running[i];
         sched_task *t = r->t;
-        if (r->n_done >= t->n_prompt) continue;
+        if (r->finish || r->n_done >= t->n_prompt) continue;
         int chunk = chunk_end(s, r, r->n_done, C) - r->n_done;
         /* Oldest first; a step always makes progress on at least one prompt. */
         if (chunk > budget && n > 0) break;
@@ -744,11 +816,11 @@ static void step(sched *s)
 
     char err[256] = "";
     phase(s, METRICS_SCHED_BUILD);
-    double t0 = s->t_mark;
-    int rc = kda_engine_step(s->e, s->items, n, err, sizeof err);
+    s->t_flight = s->t_mark;
+    int rc = kda_engine_step_begin(s->e, s->items, n, err, sizeof err);
     phase(s, METRICS_SCHED_ENGINE);
-    metrics_step(s->t_mark - t0, n_tok, n);
     if (rc) {
+        metrics_step(s->t_mark - s->t_flight, n_tok, n);
         char msg[300];
         snprintf(msg, sizeof msg, "engine error: %s", err);
         const int bad = kda_engine_step_bad_item(s->e);
@@ -764,24 +836,45 @@ static void step(sched *s)
         for (int i = 0; i < n; i++) task_finish(s, s->item_seq[i], SCHED_FINISH_ERROR, msg);
         return;
     }
+    for (int i = 0; i < n; i++) s->item_seq[i]->in_step = 1;
+    s->n_flight = n;
+    s->n_flight_tok = n_tok;
+}
 
+/* Waits for the step in flight and commits what it made: prompt progress
+ * (and the snapshots planned there), the sampled ids. */
+static void step_finish(sched *s)
+{
+    const int n = s->n_flight;
+    if (!n) return;
+    s->n_flight = 0;
+    phase(s, METRICS_SCHED_WAKE);
+    char err[256] = "";
+    int rc = kda_engine_step_end(s->e, err, sizeof err);
+    phase(s, METRICS_SCHED_WAIT);
+    metrics_step(s->t_mark - s->t_flight, s->n_flight_tok, n);
+    for (int i = 0; i < n; i++) s->item_seq[i]->in_step = 0;
+    if (rc) {
+        char msg[300];
+        snprintf(msg, sizeof msg, "engine error: %s", err);
+        srv_log(SRV_LOG_ERROR, "engine step failed (%s): %s; failing %d sequences", kda_strerror(rc), err, n);
+        for (int i = 0; i < n; i++) task_finish(s, s->item_seq[i], SCHED_FINISH_ERROR, msg);
+        return;
+    }
     for (int i = 0; i < n; i++) {
         run_seq *r = s->item_seq[i];
         sched_task *t = r->t;
         kda_batch_item *it = &s->items[i];
-        if (r->finish) continue;
+        if (r->finish) continue; /* ended while the step ran (a stop string, a disconnect): its output is dropped */
         if (r->n_done < t->n_prompt) {
             cache_after_prompt_step(s, r, it);
             r->n_done += it->n_tokens;
             if (r->n_done < t->n_prompt) continue;
             if (t->max_tokens == 0) { task_finish(s, r, SCHED_FINISH_LENGTH, NULL); continue; }
         }
-        on_token(s, r, r->sampled, r->sampled_lp);
+        commit_token(s, r, r->sampled, r->sampled_lp);
     }
-    /* the metrics' lock once a step, not twice per token (HTTP threads take it too) */
-    metrics_itl_many(s->itl, s->n_itl);
-    if (s->n_gen_step) metrics_generated_tokens(s->n_gen_step);
-    s->n_itl = s->n_gen_step = 0;
+    phase(s, METRICS_SCHED_OUTPUTS);
 }
 
 /* ---- the loop ---- */
@@ -791,7 +884,7 @@ static void reap(sched *s)
     int k = 0;
     for (int i = 0; i < s->n_run; i++) {
         run_seq *r = s->running[i];
-        if (r->finish) run_seq_release(s, r);
+        if (r->finish && !r->emit_pending && !r->in_step) run_seq_release(s, r);
         else s->running[k++] = r;
     }
     s->n_run = k;
@@ -888,22 +981,29 @@ static void admit(sched *s)
 
 static void sched_free_arrays(sched *s)
 {
-    free(s->running); free(s->items); free(s->item_seq); free(s->itl); free(s->targets);
+    free(s->running); free(s->items); free(s->item_seq); free(s->itl); free(s->targets); free(s->emit_list);
 }
 
+/* One iteration: the step in flight ends and its results are committed;
+ * cancellations, releases and admissions (everything that changes the
+ * engine's sequences happens while no step runs); the next step is launched;
+ * then, with overlap, the ids committed before the launch become text and
+ * their connections are woken while the device computes. Without overlap
+ * that delivery comes before anything else, as soon as the step ends. */
 static void *sched_main(void *arg)
 {
     sched *s = arg;
     s->t_mark = srv_now();
     for (;;) {
         pthread_mutex_lock(&s->mu);
-        if (!s->stop && !s->cancel_all && !s->in_head && s->n_run == 0 && !s->wait_head) {
+#define SCHED_NOTHING (!s->stop && !s->cancel_all && !s->in_head && s->n_run == 0 && !s->wait_head && !s->n_flight)
+        if (SCHED_NOTHING) {
             phase(s, METRICS_SCHED_WAKE);
             metrics_sched_phases(s->phase_s);
             memset(s->phase_s, 0, sizeof s->phase_s);
         }
-        while (!s->stop && !s->cancel_all && !s->in_head && s->n_run == 0 && !s->wait_head)
-            pthread_cond_wait(&s->cv, &s->mu);
+        while (SCHED_NOTHING) pthread_cond_wait(&s->cv, &s->mu);
+#undef SCHED_NOTHING
         phase(s, METRICS_SCHED_IDLE);
         if (s->in_head) {
             if (s->wait_tail) s->wait_tail->next = s->in_head;
@@ -915,8 +1015,20 @@ static void *sched_main(void *arg)
         s->cancel_all = 0;
         pthread_mutex_unlock(&s->mu);
 
+        step_finish(s);
+        if (!s->o.overlap) {
+            emit_pending(s);
+            phase(s, METRICS_SCHED_OUTPUTS);
+            wake_flush(s);
+            phase(s, METRICS_SCHED_WAKE);
+        }
         drop_cancelled(s, all || stop);
-        if (stop) { wake_flush(s); break; }
+        if (stop) {
+            emit_pending(s); /* every sequence has ended: this only clears the list */
+            reap(s);
+            wake_flush(s);
+            break;
+        }
         admit(s);
         if (s->n_run == 0 && s->wait_head) {
             /* Nothing runs yet nothing could be admitted: the engine has no slot
@@ -931,10 +1043,12 @@ static void *sched_main(void *arg)
             pthread_mutex_unlock(&s->mu);
         }
         phase(s, METRICS_SCHED_ADMIT);
-        step(s);
-        phase(s, METRICS_SCHED_OUTPUTS);
-        reap(s);
-        wake_flush(s);
+        step_launch(s);
+        if (s->o.overlap) {
+            emit_pending(s);
+            phase(s, METRICS_SCHED_OUTPUTS);
+            wake_flush(s);
+        }
         if (s->n_run == 0) {
             pthread_mutex_lock(&s->mu);
             s->n_running = 0;
@@ -963,10 +1077,11 @@ int sched_start(sched **out, kda_engine *e, const tok_tokenizer *tok, const sche
     s->items = calloc((size_t)o->max_batch, sizeof *s->items);
     s->item_seq = calloc((size_t)o->max_batch, sizeof *s->item_seq);
     s->itl = calloc((size_t)o->max_batch, sizeof *s->itl);
+    s->emit_list = calloc((size_t)o->max_batch, sizeof *s->emit_list);
     /* a step's prompt tokens: at most the larger budget, or one chunk beyond it */
     s->n_targets = (o->step_tokens > o->step_tokens_idle ? o->step_tokens : o->step_tokens_idle) + o->prefill_chunk;
     s->targets = calloc((size_t)s->n_targets, sizeof *s->targets);
-    if (!s->running || !s->items || !s->item_seq || !s->itl || !s->targets) {
+    if (!s->running || !s->items || !s->item_seq || !s->itl || !s->targets || !s->emit_list) {
         snprintf(err, errlen, "out of memory for a batch of %d", o->max_batch);
         sched_free_arrays(s); free(s);
         return -1;

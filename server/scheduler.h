@@ -119,6 +119,11 @@ typedef struct {
      * the engine must have been opened with snapshot room */
     size_t prefix_cache_bytes;  /* budget: engine snapshot memory + the index */
     int prefix_grid;            /* snapshot every this many prompt tokens (0 = from memory, see scheduler.c) */
+    /* 1: the next step is launched before the last one's tokens are turned
+     * into text and delivered, which then happens while the device runs it
+     * (scheduler.c, "overlap"); 0: every step's tokens are delivered before
+     * the next step starts */
+    int overlap;
 } sched_opts;
 
 typedef struct sched sched;

@@ -8,7 +8,8 @@
  * admission control when the KV pool is full, prefix snapshots (restore vs
  * uncached, block sharing), and every checkpoint fla itself wrote
  * (tests/fixtures/fla: each KDAForCausalLM / llama_kda option) against the
- * CPU, in one step and fed in several. KDA_TEST_MODEL_17B=DIR adds the
+ * CPU, in one step and fed in several; the two-phase step (begin / end) against the
+ * one-call step. KDA_TEST_MODEL_17B=DIR adds the
  * 1.7B-shaped checkpoint in DIR. Skips (77) without a GPU.
  */
 #include <dirent.h>
@@ -1015,6 +1016,131 @@ static void test_fla_fixtures_match_cpu_one_step_and_stepped(void **st)
     assert_true(compared > 0);
 }
 
+
+/* kda_engine_step_begin / _end give what kda_engine_step gives, and another
+ * engine call between them ends the step first without losing its result.
+ * Two sets of B sequences with the same tokens on one engine: set 0 through
+ * kda_engine_step, set 1 through begin / end, step for step in the same
+ * batch shapes (a prompt step with echo targets and per-position top-n, a
+ * mixed step of decoding sequences and prompt chunks, decode steps), the
+ * second set's steps interrupted by kda_seq_new / kda_seq_free /
+ * kda_engine_usage. Same kernels on the same shapes: the outputs must be
+ * identical (sampled ids, their log-probs and top-n, target log-probs,
+ * per-position alternatives). */
+static void test_step_begin_end_equals_step(void **st)
+{
+    (void)st;
+    enum { B = 8, P = 40, STEPS = 5, NT = 3 };
+    kda_engine *gpu = open_engine(demo_dir, "cuda", 2 * B + 1, 256);
+    assert_true(kda_engine_info(gpu)->async_step);
+    char err[256];
+    int32_t prompts[B * P];
+    rand_tokens(prompts, B * P, 256);
+    int seq[2][B], plen[B];
+    for (int i = 0; i < B; i++) plen[i] = 1 + (i * 13) % P;
+    kda_sampling samp[B];
+    for (int i = 0; i < B; i++)
+        samp[i] = (kda_sampling){.temperature = i % 2 ? 0.8f : 0.0f, .top_p = 1.0f, .repetition_penalty = i % 3 ? 1.0f : 1.3f,
+                                 .seed = 11u + (unsigned)i, .n_prompt = plen[i]};
+    static int32_t tg[2][B][P], ptop[2][B][P * NT], tok[2][B][STEPS + 2], top[2][B][NT];
+    static float tlp[2][B][P], ptoplp[2][B][P * NT], toplp[2][B][NT];
+    int32_t nx[2][B];
+    float nlp[2][B];
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < B; i++) assert_int_equal(kda_seq_new(gpu, &seq[k][i], err, sizeof err), 0);
+    kda_batch_item it[2][B];
+    /* step 0: the even sequences' prompts (echo: targets + alternatives), the odd ones' first half */
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < B; i++) {
+            const int n = i % 2 ? (plen[i] + 1) / 2 : plen[i];
+            for (int j = 0; j < n; j++) tg[k][i][j] = j + 1 < plen[i] ? prompts[i * P + j + 1] : -1;
+            it[k][i] = (kda_batch_item){.seq = seq[k][i], .tokens = prompts + i * P, .n_tokens = n,
+                                        .targets = tg[k][i], .target_logprobs = tlp[k][i], .n_top = NT,
+                                        .pos_top_ids = ptop[k][i], .pos_top_logprobs = ptoplp[k][i]};
+            if (n == plen[i]) {
+                it[k][i].sampling = &samp[i];
+                it[k][i].sampled = &nx[k][i];
+                it[k][i].sampled_logprob = &nlp[k][i];
+                it[k][i].top_ids = top[k][i];
+                it[k][i].top_logprobs = toplp[k][i];
+            }
+        }
+    assert_int_equal(kda_engine_step(gpu, it[0], B, err, sizeof err), 0);
+    assert_int_equal(kda_engine_step_begin(gpu, it[1], B, err, sizeof err), 0);
+    int extra;
+    assert_int_equal(kda_seq_new(gpu, &extra, err, sizeof err), 0); /* ends the step in flight */
+    assert_int_equal(kda_engine_step_end(gpu, err, sizeof err), 0);
+    for (int i = 0; i < B; i++) {
+        const int n = i % 2 ? (plen[i] + 1) / 2 : plen[i];
+        assert_int_equal(kda_seq_len(gpu, seq[1][i]), n);
+        assert_memory_equal(tlp[0][i], tlp[1][i], (size_t)n * 4);
+        assert_memory_equal(ptop[0][i], ptop[1][i], (size_t)n * NT * 4);
+        assert_memory_equal(ptoplp[0][i], ptoplp[1][i], (size_t)n * NT * 4);
+        if (n == plen[i]) {
+            assert_int_equal(nx[0][i], nx[1][i]);
+            assert_memory_equal(&nlp[0][i], &nlp[1][i], 4);
+            assert_memory_equal(top[0][i], top[1][i], NT * 4);
+            assert_memory_equal(toplp[0][i], toplp[1][i], NT * 4);
+            tok[0][i][0] = nx[0][i];
+            tok[1][i][0] = nx[1][i];
+        }
+    }
+    /* then mixed steps (decoding even sequences, the odd ones' second half), then decode steps */
+    int have[B];
+    for (int i = 0; i < B; i++) have[i] = i % 2 ? 0 : 1;
+    for (int s = 0; s < STEPS; s++) {
+        for (int k = 0; k < 2; k++)
+            for (int i = 0; i < B; i++) {
+                if (i % 2 && s == 0) {
+                    const int h = (plen[i] + 1) / 2;
+                    it[k][i] = (kda_batch_item){.seq = seq[k][i], .tokens = prompts + i * P + h,
+                                                .n_tokens = plen[i] - h};
+                    if (plen[i] - h == 0) it[k][i].tokens = &tok[k][i][0], it[k][i].n_tokens = 0;
+                } else {
+                    it[k][i] = (kda_batch_item){.seq = seq[k][i], .tokens = &tok[k][i][have[i] - 1], .n_tokens = 1};
+                }
+                it[k][i].sampling = &samp[i];
+                it[k][i].sampled = &nx[k][i];
+                it[k][i].sampled_logprob = &nlp[k][i];
+                it[k][i].n_top = NT;
+                it[k][i].top_ids = top[k][i];
+                it[k][i].top_logprobs = toplp[k][i];
+            }
+        int n = 0; /* items with tokens (a 1-token prompt has no second half) */
+        kda_batch_item use[2][B];
+        int who[B];
+        for (int i = 0; i < B; i++)
+            if (it[0][i].n_tokens > 0) {
+                use[0][n] = it[0][i], use[1][n] = it[1][i];
+                who[n++] = i;
+            }
+        assert_int_equal(kda_engine_step(gpu, use[0], n, err, sizeof err), 0);
+        assert_int_equal(kda_engine_step_begin(gpu, use[1], n, err, sizeof err), 0);
+        if (s == 1) kda_seq_free(gpu, extra); /* ends it too */
+        kda_usage u;
+        kda_engine_usage(gpu, &u); /* a read: leaves it in flight */
+        assert_int_equal(kda_engine_step_end(gpu, err, sizeof err), 0);
+        for (int j = 0; j < n; j++) {
+            const int i = who[j];
+            assert_int_equal(nx[0][i], nx[1][i]);
+            assert_memory_equal(&nlp[0][i], &nlp[1][i], 4);
+            assert_memory_equal(top[0][i], top[1][i], NT * 4);
+            assert_memory_equal(toplp[0][i], toplp[1][i], NT * 4);
+            tok[0][i][have[i]] = nx[0][i];
+            tok[1][i][have[i]] = nx[1][i];
+            have[i]++;
+        }
+        for (int i = 0; i < B; i++) assert_int_equal(kda_seq_len(gpu, seq[0][i]), kda_seq_len(gpu, seq[1][i]));
+    }
+    /* a refused begin leaves nothing in flight: end returns at once */
+    kda_batch_item bad = {.seq = seq[1][0], .tokens = prompts, .n_tokens = 1 << 20};
+    assert_int_not_equal(kda_engine_step_begin(gpu, &bad, 1, err, sizeof err), 0);
+    assert_int_equal(kda_engine_step_end(gpu, err, sizeof err), 0);
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < B; i++) kda_seq_free(gpu, seq[k][i]);
+    kda_engine_close(gpu);
+}
+
 int main(void)
 {
     kt_skip_without_gpu();
@@ -1046,6 +1172,7 @@ int main(void)
         cmocka_unit_test(test_prefix_restore_matches_uncached_and_cpu),
         cmocka_unit_test(test_prefix_snapshot_blocks_are_shared_and_given_back),
         cmocka_unit_test(test_fla_fixtures_match_cpu_one_step_and_stepped),
+        cmocka_unit_test(test_step_begin_end_equals_step),
     };
     /* KDA_TEST_ONLY=SUBSTRING runs only the tests whose name contains it */
     const char *only = getenv("KDA_TEST_ONLY");

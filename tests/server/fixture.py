@@ -102,7 +102,10 @@ class Server:
         probe.bind(("127.0.0.1", 0))
         self.port = probe.getsockname()[1]
         probe.close()
-        cmd = [SERVER, "--model", model, "--port", str(self.port), "--threads", "1"] + list(flags)
+        # KDA_SERVER_FLAGS: flags every server of a test gets first (meson runs some
+        # tests again with the scheduler's --step-overlap on)
+        cmd = ([SERVER, "--model", model, "--port", str(self.port), "--threads", "1"]
+               + os.environ.get("KDA_SERVER_FLAGS", "").split() + list(flags))
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=e)
         _started.append(self.proc)
         threading.Thread(target=self._pump, daemon=True).start()
