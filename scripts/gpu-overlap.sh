@@ -7,11 +7,13 @@
 #   2. with .old.tar.xz (an older stripped kda-cli in .old/, its commit in .old/commit):
 #      kda-cli bench old / new / old / new on the 1.7B shape (decode points and the kernel rows,
 #      whose "kda lowrank+..." rows time the KDA step with its low-rank pass);
+#   2b. scripts/bench_score_server.py: /score 1 x 8192 and 4 x 8192 through kda-server beside the
+#      engine's figures of the last new run;
 #   3. scripts/bench-serve.sh at C = 1/16/64/256 with the defaults (overlap on), then variants
 #      off / on at C = 64, 256 (the scheduler's phases per step in each level's "server" block);
 #   4. the burst test (KDA_BURST_ROUNDS, default 4, of 512 clients + 3 x 8000-token /score);
 #   5. scripts/bench_prefix.py (cache on vs off) unless KDA_OV_SKIP has "prefix".
-# KDA_OV_SKIP="tests ab serve burst prefix" skips parts. $OUT: summary.txt and the JSON files.
+# KDA_OV_SKIP="tests ab score serve burst prefix" skips parts. $OUT: summary.txt and the JSON files.
 source "$(dirname "$0")/gpu-env.sh"
 export KDA_COMMIT=${KDA_COMMIT:-$(cat .carry/commit 2>/dev/null || echo unknown)}
 S=$OUT/summary.txt
@@ -39,12 +41,18 @@ fi
 if ! skip ab && [ -f .old.tar.xz ]; then
   python3 -c "import tarfile; tarfile.open('.old.tar.xz').extractall('.')"
   echo "old = $(cat .old/commit)" | tee -a "$S"
-  P="--pairs 128:1,128:16,128:64,128:256,4096:64 --steps 32"
+  P="--pairs 128:1,128:16,128:64,128:256,4096:64 --steps 32 --prefill 1:2048,8:2048 --score 1:8192,4:8192 --reps 5"
   for r in old1 new1 old2 new2; do
     bin=$B/cli/kda-cli; [ "${r:0:3}" = old ] && bin=.old/kda-cli
     step "bench_$r" 100 "$LOG/bench-$r.txt" $bin bench "$M17" --device cuda $P --json "$OUT/bench-$r.json"
-    grep -E "kda lowrank|decode B=" "$LOG/bench-$r.txt" | sed "s/^/$r /" >> "$S"
+    grep -E "kda lowrank|decode B=|prefill  |score  " "$LOG/bench-$r.txt" | sed "s/^/$r /" >> "$S"
   done
+fi
+if ! skip score && [ -f "$OUT/bench-new2.json" ]; then
+  step score_server 90 "$LOG/score-server.txt" python3 scripts/bench_score_server.py --server $B/server/kda-server \
+    --model "$M17" --device cuda --points 1:8192,4:8192 --reps 5 --engine-json "$OUT/bench-new2.json" \
+    --log "$LOG/score-server.log" --out "$OUT/score-server.json"
+  tail -6 "$LOG/score-server.txt" >> "$S"
 fi
 if ! skip serve; then
   step serve 150 "$LOG/serve.txt" env KDA_BUILD=$B KDA_SERVE_NOTE="1.7B shape, random bf16, commit $KDA_COMMIT, overlap default (on)" \
