@@ -237,7 +237,7 @@ extern "C" int kc_bench_kernels(kc_bench_row *rows, int max)
             for (int bf = 0; bf < 2; bf++) {
                 a.stream = st, a.state_bf16 = bf;
                 ms = median_ms(run_kda, &a, 20);
-                snprintf(name, sizeof name, "kda lowrank+%s%s B=%d (state read+write)", st ? "stream" : "step",
+                snprintf(name, sizeof name, "kda lowrank+%s%s B=%d (state read+write)", st ? "prep+stream" : "step",
                          bf ? " [bf16 state]" : "", B);
                 emit(&bo, name, 2.0 * B * H * K * V * (bf ? 2 : 4), ms);
             }

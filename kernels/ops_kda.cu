@@ -193,13 +193,6 @@ __global__ void __launch_bounds__(256, 2) kda_step_kernel(kc_kda_args a)
  * (v2's version walked r serially per thread: ~46 us per call at any T). */
 #define LR_ROWS 4
 #define LR_COLS 256
-template <bool OPT> static __device__ void ks_conv_rows(const kc_kda_args &a, int cb);
-/* MODE 0: the low-rank products as they are. MODE 1 / 2 (the stream path,
- * 2 with the optional features): their values go out as the stream kernel
- * takes them, the decay exp(gate) and sigmoid(G + g_bias), and blocks past
- * the low-rank columns run the token's short conv + SiLU and beta's sigmoid
- * (ks_conv_rows), which a prologue kernel of its own did before. */
-template <int MODE>
 __global__ void __launch_bounds__(256) kda_lowrank_kernel(kc_kda_args a, int T, int K)
 {
     __shared__ float xs[LR_ROWS][2 * KDA_MAX_R];
@@ -207,13 +200,6 @@ __global__ void __launch_bounds__(256) kda_lowrank_kernel(kc_kda_args a, int T, 
     KC_PDL_WAIT();
     KC_PDL_TRIGGER();
     const int HK = a.H * K, HV = a.H * a.V, R = a.R, t0 = blockIdx.y * LR_ROWS;
-    if (MODE) {
-        const int lr_blocks = (HK + HV + LR_COLS - 1) / LR_COLS;
-        if ((int)blockIdx.x >= lr_blocks) { /* uniform over the block */
-            ks_conv_rows<MODE == 2>(a, blockIdx.x - lr_blocks);
-            return;
-        }
-    }
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     for (int i = threadIdx.x; i < LR_ROWS * 2 * R; i += blockDim.x) {
         const int rr = i / (2 * R), r = i % (2 * R), t = t0 + rr;
@@ -267,13 +253,6 @@ __global__ void __launch_bounds__(256) kda_lowrank_kernel(kc_kda_args a, int T, 
         float sum = 0.0f;
 #pragma unroll
         for (int w8 = 0; w8 < 8; w8++) sum += red[w8][i][threadIdx.x];
-        if (MODE && c < HK) { /* the decay of channel c = h K + j */
-            const float a_pos = expf(a.A_log[c / K]), lb = MODE == 2 ? a.lower_bound : 0.0f;
-            const float gx = sum + a.dt_bias[c];
-            sum = expf(lb < 0.0f ? lb * sigmoidf_(a_pos * gx) : -a_pos * softplusf_(gx));
-        } else if (MODE) { /* the output gate's sigmoid */
-            sum = sigmoidf_(sum + (a.g_bias ? a.g_bias[c - HK] : 0.0f));
-        }
         a.lowrank[(size_t)(t0 + i) * (HK + HV) + c] = sum;
     }
 }
@@ -286,21 +265,17 @@ __global__ void __launch_bounds__(256) kda_lowrank_kernel(kc_kda_args a, int T, 
  * state's load and its store, 2 blocks per SM, so an SM has little in flight
  * during the prologue's barriers (37-43% of copy at B = 64..256,
  * bench/NOTES.md). When every item carries one token (kc_kda_args.stream):
- *  - the low-rank pass (kda_lowrank_kernel MODE 1 / 2) writes the decay
- *    exp(gate) and sigmoid(G + g_bias) instead of the raw products, and its
- *    extra blocks run conv + SiLU (the tail moves on) and beta's sigmoid in
- *    place over the token's proj entries (a prologue kernel of its own cost
- *    ~25 us per layer at B = 256 before, the low-rank pass and it together
- *    ~50: bench/NOTES.md);
+ *  - kda_stream_prep_kernel, grid (item, head), K threads: conv + SiLU (the
+ *    tail moves on), L2 norms, q / sqrt(K), the decay exp(gate), sigmoid(G +
+ *    g_bias) and beta, written in place over the token's proj / lowrank
+ *    entries (each is read once, by this block);
  *  - kda_stream_kernel: one block of 256 threads per SM walks (item, head)
  *    pairs with the next three pairs' state and vectors in flight (cp.async
  *    into a ring of three state buffers: a pair's state moves to registers
  *    first, which frees its buffer), so the SM's memory pipe stays busy while
  *    a pair computes; the item tables sit in shared memory, so issuing a copy
  *    waits for no global load. Warp w owns rows 16w..16w+15 of the K x V state, lane l
- *    columns 4l..4l+3 (a warp's row is 512 contiguous bytes); every warp
- *    takes the L2 norms of q and k (with q / sqrt(K)) from the loaded vectors
- *    with a warp sum; S^T k and S^T q
+ *    columns 4l..4l+3 (a warp's row is 512 contiguous bytes); S^T k and S^T q
  *    are reduced over the warps in shared memory, warp 0 does the gated output
  *    RMSNorm, and the updated state goes from registers to global memory.
  * K = V = 128 only, no GVA (kc_kda_step falls back to the kernel above). */
@@ -317,46 +292,55 @@ template <bool BF> static constexpr size_t ks_smem_bytes()
            sizeof(float);
 }
 
-/* The stream path's conv blocks (kda_lowrank_kernel MODE 1 / 2): thread =
- * one q|k|v channel (cb * 256 + threadIdx.x), or past them one head's beta,
- * for the LR_ROWS items of blockIdx.y: conv + SiLU over the channel's taps
- * (the tail moves on), written in place over the token's proj entry (each is
- * read once, by this thread); beta -> sigmoid (x 2 with neg_eigval). */
-template <bool OPT> static __device__ void ks_conv_rows(const kc_kda_args &a, int cb)
+template <bool OPT>
+__global__ void __launch_bounds__(KS_K) kda_stream_prep_kernel(kc_kda_args a)
 {
+    __shared__ float red[32];
+    KC_PDL_WAIT();
+    KC_PDL_TRIGGER();
+    const int item = blockIdx.x, h = blockIdx.y, j = threadIdx.x;
+    const int slot = a.item_slot[item];
+    if (slot < 0) return;
     constexpr int K = KS_K, V = KS_K;
-    const int H = a.H, HK = H * K, HV = H * V, C = 2 * HK + HV, c = cb * 256 + threadIdx.x;
-    if (c >= C + H) return;
+    const int H = a.H, HK = H * K, HV = H * V, C = 2 * HK + HV;
     const bool pre = OPT && a.preconv; /* q | k | v already activated (kc_kda_conv ran) */
     const int P = pre ? 0 : a.taps - 1;
-    for (int i = 0; i < LR_ROWS; i++) {
-        const int item = blockIdx.y * LR_ROWS + i;
-        if (item >= a.n_items) break;
-        const int slot = a.item_slot[item];
-        if (slot < 0) continue;
-        float *pr = const_cast<float *>(a.proj) + (size_t)a.item_row0[item] * a.ldp; /* in place: kc_kda_args.stream */
-        if (c >= C) {
-            const int h = c - C;
-            pr[a.off_beta + h] = (OPT && a.neg_eigval ? 2.0f : 1.0f) * sigmoidf_(pr[a.off_beta + h]);
-            continue;
-        }
-        if (pre) continue;
+    const size_t row = (size_t)a.item_row0[item];
+    float *pr = const_cast<float *>(a.proj) + row * a.ldp; /* in place: kc_kda_args.stream */
+    float *lr = a.lowrank + row * (HK + HV);
+    const int cq = h * K + j, ck = HK + h * K + j, cv = 2 * HK + h * V + j;
+    float x[3] = {pr[cq], pr[ck], pr[cv]};
+    if (!pre) {
         float *tail = a.state + (size_t)slot * a.slot_stride + kc_tail_off(H, K, V, a.state_bf16); /* [P, C] */
-        const float *w = a.convw + (size_t)c * a.taps;
-        const float x = pr[c];
-        float t[3] = {0.0f, 0.0f, 0.0f}, sum = 0.0f;
+        const int ch[3] = {cq, ck, cv};
 #pragma unroll
-        for (int m = 0; m < 3; m++) /* oldest tap first, the current token last */
-            if (m < P) t[m] = tail[(size_t)m * C + c];
+        for (int c = 0; c < 3; c++) { /* oldest tap first, the current token last */
+            const float *w = a.convw + (size_t)ch[c] * a.taps;
+            float t[3] = {0.0f, 0.0f, 0.0f}, sum = 0.0f;
 #pragma unroll
-        for (int m = 0; m < 3; m++)
-            if (m < P) sum += w[m] * t[m];
-        sum += w[P] * x;
+            for (int m = 0; m < 3; m++)
+                if (m < P) t[m] = tail[(size_t)m * C + ch[c]];
 #pragma unroll
-        for (int m = 0; m < 3; m++)
-            if (m < P) tail[(size_t)m * C + c] = m + 1 < P ? t[m + 1 < 3 ? m + 1 : 2] : x;
-        pr[c] = siluf_(sum);
+            for (int m = 0; m < 3; m++)
+                if (m < P) sum += w[m] * t[m];
+            sum += w[P] * x[c];
+#pragma unroll
+            for (int m = 0; m < 3; m++)
+                if (m < P) tail[(size_t)m * C + ch[c]] = m + 1 < P ? t[m + 1] : x[c];
+            x[c] = siluf_(sum);
+        }
     }
+    const float ssq = block_sum(x[0] * x[0], red);
+    const float ssk = block_sum(x[1] * x[1], red);
+    pr[cq] = x[0] * (1.0f / sqrtf(ssq + 1e-6f)) * (1.0f / sqrtf((float)K));
+    pr[ck] = x[1] * (1.0f / sqrtf(ssk + 1e-6f));
+    pr[cv] = x[2];
+    const float a_pos = expf(a.A_log[h]), lb = OPT ? a.lower_bound : 0.0f;
+    const float gx = lr[h * K + j] + a.dt_bias[h * K + j];
+    lr[h * K + j] = expf(lb < 0.0f ? lb * sigmoidf_(a_pos * gx) : -a_pos * softplusf_(gx));
+    const int cG = HK + h * V + j;
+    lr[cG] = sigmoidf_(lr[cG] + (a.g_bias ? a.g_bias[h * V + j] : 0.0f));
+    if (j == 0) pr[a.off_beta + h] = (OPT && a.neg_eigval ? 2.0f : 1.0f) * sigmoidf_(pr[a.off_beta + h]);
 }
 
 /* two bf16 in one 32-bit word (the lower address first) and back */
@@ -434,13 +418,6 @@ __global__ void __launch_bounds__(256, 1) kda_stream_kernel(kc_kda_args a)
         const float *Ss = sm + sb * SB, *vq = vec + vb * KS_VEC, *vk = vq + K, *veg = vk + K, *vv = veg + K, *vgs = vv + V;
         const int r0 = warp * 16, c0 = lane * 4;
         float4 S[16];
-        float nq = 0.0f, nk = 0.0f; /* the L2 norms' factors of q (with 1 / sqrt(K)) and k, every warp for itself */
-        if (live) {
-            const float4 q4 = *(const float4 *)(vq + c0), k4 = *(const float4 *)(vk + c0);
-            nq = (1.0f / sqrtf(warp_sum(q4.x * q4.x + q4.y * q4.y + q4.z * q4.z + q4.w * q4.w) + 1e-6f)) *
-                 (1.0f / sqrtf((float)K));
-            nk = 1.0f / sqrtf(warp_sum(k4.x * k4.x + k4.y * k4.y + k4.z * k4.z + k4.w * k4.w) + 1e-6f);
-        }
         if (live) {
             float4 ks = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
@@ -454,7 +431,7 @@ __global__ void __launch_bounds__(256, 1) kda_stream_kernel(kc_kda_args a)
                 } else {
                     s = *(const float4 *)(Ss + (size_t)r * V + c0);
                 }
-                const float e = veg[r], kr = vk[r] * nk;
+                const float e = veg[r], kr = vk[r];
                 s.x *= e, s.y *= e, s.z *= e, s.w *= e;
                 ks.x += s.x * kr, ks.y += s.y * kr, ks.z += s.z * kr, ks.w += s.w * kr;
                 S[i] = s;
@@ -481,7 +458,7 @@ __global__ void __launch_bounds__(256, 1) kda_stream_kernel(kc_kda_args a)
 #pragma unroll
             for (int i = 0; i < 16; i++) {
                 const int r = r0 + i;
-                const float kr = vk[r] * nk, qr = vq[r] * nq;
+                const float kr = vk[r], qr = vq[r];
                 float4 s = S[i];
                 s.x += kr * u.x, s.y += kr * u.y, s.z += kr * u.z, s.w += kr * u.w;
                 o.x += s.x * qr, o.y += s.y * qr, o.z += s.z * qr, o.w += s.w * qr;
@@ -533,7 +510,13 @@ static int kda_stream(const kc_kda_args *a, cudaStream_t s)
         sms = 0;
         return -7;
     }
-    cudaError_t e;
+    const bool opt = a->preconv || a->lower_bound != 0.0f || a->neg_eigval;
+    cudaError_t e = opt ? kc_launch(kda_stream_prep_kernel<true>, dim3(a->n_items, a->H), dim3(KS_K), 0, s, *a)
+                        : kc_launch(kda_stream_prep_kernel<false>, dim3(a->n_items, a->H), dim3(KS_K), 0, s, *a);
+    if (e != cudaSuccess) {
+        fprintf(stderr, "%s:%d: kda stream prologue launch failed: %s\n", __FILE__, __LINE__, cudaGetErrorString(e));
+        return -7;
+    }
     const int npairs = a->n_items * a->H;
     int grid = a->stream_blocks > 0 ? a->stream_blocks : sms;
     if (grid > npairs) grid = npairs;
@@ -628,27 +611,10 @@ int kc_kda_lowrank(const kc_kda_args *a, cudaStream_t s)
     if (!a->lowrank || a->n_items <= 0) return 0;
     if (a->R > KDA_MAX_R || (a->H * a->K) % 8 || (a->H * a->V) % 8) return -5; /* 16-byte weight loads */
     const int T = a->lowrank_rows, cols = a->H * (a->K + a->V);
-    const cudaError_t e = kc_launch(kda_lowrank_kernel<0>, dim3((cols + LR_COLS - 1) / LR_COLS, (T + LR_ROWS - 1) / LR_ROWS),
+    cudaError_t e = kc_launch(kda_lowrank_kernel, dim3((cols + LR_COLS - 1) / LR_COLS, (T + LR_ROWS - 1) / LR_ROWS),
                               dim3(256), 0, s, *a, T, a->K);
     if (e != cudaSuccess) {
         fprintf(stderr, "%s:%d: kda lowrank launch failed: %s\n", __FILE__, __LINE__, cudaGetErrorString(e));
-        return -7;
-    }
-    return 0;
-}
-
-/* the stream path's low-rank pass with its conv blocks (kda_lowrank_kernel MODE 1 / 2) */
-static int kda_stream_lowrank(const kc_kda_args *a, cudaStream_t s)
-{
-    if (a->R > KDA_MAX_R || (a->H * a->K) % 8 || (a->H * a->V) % 8) return -5;
-    const int T = a->lowrank_rows, cols = a->H * (a->K + a->V), C = 2 * a->H * a->K + a->H * a->V;
-    const int rows = T > a->n_items ? T : a->n_items;
-    const dim3 grid((cols + LR_COLS - 1) / LR_COLS + (C + a->H + 255) / 256, (rows + LR_ROWS - 1) / LR_ROWS);
-    const bool opt = a->preconv || a->lower_bound != 0.0f || a->neg_eigval;
-    const cudaError_t e = opt ? kc_launch(kda_lowrank_kernel<2>, grid, dim3(256), 0, s, *a, T, a->K)
-                              : kc_launch(kda_lowrank_kernel<1>, grid, dim3(256), 0, s, *a, T, a->K);
-    if (e != cudaSuccess) {
-        fprintf(stderr, "%s:%d: kda stream lowrank launch failed: %s\n", __FILE__, __LINE__, cudaGetErrorString(e));
         return -7;
     }
     return 0;
@@ -666,10 +632,9 @@ int kc_kda_step(const kc_kda_args *a, cudaStream_t s)
     const int sp = a->K >= 128 ? 2 : 1;
     int threads = a->V * sp > a->K ? a->V * sp : a->K;
     threads = (threads + 31) / 32 * 32;
-    const bool streams = kc_kda_step_streams(a);
-    const int lr = streams ? kda_stream_lowrank(a, s) : kc_kda_lowrank(a, s);
+    const int lr = kc_kda_lowrank(a, s);
     if (lr) return lr;
-    if (streams) return kda_stream(a, s);
+    if (kc_kda_step_streams(a)) return kda_stream(a, s);
     dim3 grid(a->n_items, a->H);
     const bool opt = a->preconv || a->group > 1 || a->lower_bound != 0.0f || a->neg_eigval;
     cudaError_t e;
