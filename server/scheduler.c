@@ -99,7 +99,6 @@ struct run_seq {
     int32_t *top_ids;           /* [n_top] */
     float *top_lps;             /* [n_top] */
     double t_last;              /* last emitted id, for inter-token latency */
-    int in_step;                /* an item of the step in flight */
     int emit_pending;           /* gen[n_gen - 1] is committed, its text not yet delivered */
     int32_t emit_id;            /* ... that id, its log-prob, its alternatives and when it arrived */
     float emit_lp;
@@ -745,6 +744,23 @@ static void phase(sched *s, int k)
     s->t_mark = now;
 }
 
+/* The phases so far (the last one ends now as k) into the metrics, once per iteration. */
+static void phase_flush(sched *s, int k)
+{
+    phase(s, k);
+    metrics_sched_phases(s->phase_s);
+    memset(s->phase_s, 0, sizeof s->phase_s);
+}
+
+/* The device failed during a step: its n sequences are lost (engine.h). */
+static void fail_step(sched *s, int n, int rc, const char *err)
+{
+    char msg[300];
+    snprintf(msg, sizeof msg, "engine error: %s", err);
+    srv_log(SRV_LOG_ERROR, "engine step failed (%s): %s; failing %d sequences", kda_strerror(rc), err, n);
+    for (int i = 0; i < n; i++) task_finish(s, s->item_seq[i], SCHED_FINISH_ERROR, msg);
+}
+
 /* Builds the next step (one token for every decoding sequence, then prompt
  * chunks oldest first while the budget lasts) and launches it. */
 static void step_launch(sched *s)
@@ -821,22 +837,19 @@ static void step_launch(sched *s)
     phase(s, METRICS_SCHED_ENGINE);
     if (rc) {
         metrics_step(s->t_mark - s->t_flight, n_tok, n);
-        char msg[300];
-        snprintf(msg, sizeof msg, "engine error: %s", err);
         const int bad = kda_engine_step_bad_item(s->e);
         if (bad >= 0 && rc != KDA_EDEVICE) {
             /* one request the engine refuses: nothing advanced, so only it
              * ends and the others run in the next step */
+            char msg[300];
+            snprintf(msg, sizeof msg, "engine error: %s", err);
             srv_log(SRV_LOG_WARN, "engine refused a request (%s): %s", kda_strerror(rc), err);
             task_finish(s, s->item_seq[bad], SCHED_FINISH_ERROR, msg);
             return;
         }
-        /* the device failed: the step's sequences are lost (engine.h) */
-        srv_log(SRV_LOG_ERROR, "engine step failed (%s): %s; failing %d sequences", kda_strerror(rc), err, n);
-        for (int i = 0; i < n; i++) task_finish(s, s->item_seq[i], SCHED_FINISH_ERROR, msg);
+        fail_step(s, n, rc, err);
         return;
     }
-    for (int i = 0; i < n; i++) s->item_seq[i]->in_step = 1;
     s->n_flight = n;
     s->n_flight_tok = n_tok;
 }
@@ -853,12 +866,8 @@ static void step_finish(sched *s)
     int rc = kda_engine_step_end(s->e, err, sizeof err);
     phase(s, METRICS_SCHED_WAIT);
     metrics_step(s->t_mark - s->t_flight, s->n_flight_tok, n);
-    for (int i = 0; i < n; i++) s->item_seq[i]->in_step = 0;
     if (rc) {
-        char msg[300];
-        snprintf(msg, sizeof msg, "engine error: %s", err);
-        srv_log(SRV_LOG_ERROR, "engine step failed (%s): %s; failing %d sequences", kda_strerror(rc), err, n);
-        for (int i = 0; i < n; i++) task_finish(s, s->item_seq[i], SCHED_FINISH_ERROR, msg);
+        fail_step(s, n, rc, err);
         return;
     }
     for (int i = 0; i < n; i++) {
@@ -884,7 +893,7 @@ static void reap(sched *s)
     int k = 0;
     for (int i = 0; i < s->n_run; i++) {
         run_seq *r = s->running[i];
-        if (r->finish && !r->emit_pending && !r->in_step) run_seq_release(s, r);
+        if (r->finish && !r->emit_pending) run_seq_release(s, r);
         else s->running[k++] = r;
     }
     s->n_run = k;
@@ -997,11 +1006,7 @@ static void *sched_main(void *arg)
     for (;;) {
         pthread_mutex_lock(&s->mu);
 #define SCHED_NOTHING (!s->stop && !s->cancel_all && !s->in_head && s->n_run == 0 && !s->wait_head && !s->n_flight)
-        if (SCHED_NOTHING) {
-            phase(s, METRICS_SCHED_WAKE);
-            metrics_sched_phases(s->phase_s);
-            memset(s->phase_s, 0, sizeof s->phase_s);
-        }
+        if (SCHED_NOTHING) phase_flush(s, METRICS_SCHED_WAKE);
         while (SCHED_NOTHING) pthread_cond_wait(&s->cv, &s->mu);
 #undef SCHED_NOTHING
         phase(s, METRICS_SCHED_IDLE);
@@ -1055,9 +1060,7 @@ static void *sched_main(void *arg)
             pthread_mutex_unlock(&s->mu);
             admit(s);   /* refresh the pool gauges */
         }
-        phase(s, METRICS_SCHED_WAKE);
-        metrics_sched_phases(s->phase_s);
-        memset(s->phase_s, 0, sizeof s->phase_s);
+        phase_flush(s, METRICS_SCHED_WAKE);
     }
     return NULL;
 }
