@@ -75,6 +75,10 @@ typedef struct {
     int mixed_pass;      /* CUDA: a step with decoding sequences and prompt chunks is one pass, the
                             one-token items through the decode kernels (1); 0 = a decode graph, then
                             a prompt pass */
+    int mixed_reserve;   /* CUDA: in a one-pass mixed step, the decode rows' KDA step and attention run on a
+                          * second stream beside the prompt items' chunked KDA and prefill attention, the
+                          * state kernel on all SMs but this many, which stay free for the prompt items'
+                          * short, latency-bound kernels (32); 0 = one stream, one after the other */
     int prefill_rows;    /* CUDA: rows of one prefill pass (8192; at least the decode batch bucket) */
     int attn_prefill_variant; /* CUDA: prefill attention kernel variant 0-3 (0 = default; ops_attn_prefill.cu) */
     int kda_chunk_gemm;  /* CUDA: chunked KDA matrix arithmetic: 0 tf32, 1 3xtf32, 2 plain fp32 (kda_chunk.h) */
@@ -83,6 +87,10 @@ typedef struct {
     int attn_prefill_split;   /* CUDA: force a context split every N keys in prefill attention (0 = by shape) */
     int prof;            /* CUDA: time kernel categories with events, for kda_engine_prof_take (0) */
     int cpu_bf16_act;    /* CPU: round activations to bf16 where the CUDA backend stores bf16 (0) */
+    int poison;          /* CUDA, tests: before every step fill the step's scratch buffers of each set bit
+                          * with NaN (0xFF bytes): 1 h, 2 proj, 4 q, 8 lowrank, 16 lowin, 32 kda_ws,
+                          * 64 attn_ws, 128 opart, 256 ml, 512 logits, 1024 xn, 2048 act, 4096 ybuf,
+                          * 8192 lowrank_dec; a kernel that reads what the step did not write then shows (0) */
     int kda_state_bf16;  /* CUDA: store the KDA recurrent state S as bf16, math in fp32 (0 = fp32;
                             --kda-state-dtype bf16): half the state traffic and memory, at the
                             fidelity bench/NOTES.md measures; the CPU backend refuses it */

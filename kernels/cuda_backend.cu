@@ -185,6 +185,9 @@ static void cuda_destroy(backend *bb)
     kc_gemm_lt_destroy(b->glt);
     if (b->cublas) cublasDestroy(b->cublas);
     if (b->st) cudaStreamDestroy(b->st);
+    if (b->st2) cudaStreamDestroy(b->st2);
+    if (b->ev_fork) cudaEventDestroy(b->ev_fork);
+    if (b->ev_join) cudaEventDestroy(b->ev_join);
     cudaFree(b->pool);
     cudaFreeHost(b->h_meta);
     kv_alloc_free(&b->ka);
@@ -238,6 +241,7 @@ static void carve(cuda_backend *b)
     b->snap_state = AT(float, lo->snap_state);
     b->h = AT(float, lo->h), b->proj = AT(float, lo->proj), b->q = AT(float, lo->q);
     b->lowrank = AT(float, lo->lowrank), b->opart = AT(float, lo->opart), b->ml = AT(float, lo->ml);
+    b->lowrank_dec = AT(float, lo->lowrank_dec);
     b->logits = AT(float, lo->logits), b->lse = AT(float, lo->lse), b->tlp = AT(float, lo->tlp);
     b->xn = AT(uint16_t, lo->xn), b->act = AT(uint16_t, lo->act), b->ybuf = AT(uint16_t, lo->ybuf);
     b->lowin = AT(uint16_t, lo->lowin);
@@ -494,7 +498,12 @@ int cuda_backend_create(backend **out, const backend_params *p, char *err, size_
         goto fail;
     }
     if ((rc = host_buffers(b, err, errlen))) goto fail;
-    if (cudaStreamCreateWithFlags(&b->st, cudaStreamNonBlocking) != cudaSuccess ||
+    if (cudaDeviceGetStreamPriorityRange(&b->prio_lo, &b->prio_hi) != cudaSuccess ||
+        cudaDeviceGetAttribute(&b->sms, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess ||
+        cudaStreamCreateWithPriority(&b->st, cudaStreamNonBlocking, b->prio_hi) != cudaSuccess ||
+        cudaStreamCreateWithPriority(&b->st2, cudaStreamNonBlocking, b->prio_lo) != cudaSuccess ||
+        cudaEventCreateWithFlags(&b->ev_fork, cudaEventDisableTiming) != cudaSuccess ||
+        cudaEventCreateWithFlags(&b->ev_join, cudaEventDisableTiming) != cudaSuccess ||
         cublasCreate(&b->cublas) != CUBLAS_STATUS_SUCCESS ||
         cublasSetWorkspace(b->cublas, b->cublas_ws, CP_CUBLAS_WS) != CUBLAS_STATUS_SUCCESS ||
         cublasSetStream(b->cublas, b->st) != CUBLAS_STATUS_SUCCESS) {

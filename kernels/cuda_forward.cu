@@ -102,7 +102,8 @@ int cu_prepare_prompt_gemms(cuda_backend *b, int *n_shapes)
 /* rows [0, T) belong to items [0, n_items). Models with GVA, conv biases or
  * no short conv run the conv as its own pass first (kc_kda_conv, in place on
  * proj) and the step kernel reads the activated q | k | v. */
-static int kda_mixer(cuda_backend *b, const cu_layer *w, int T, int n_items, cudaStream_t s)
+static int kda_mixer_on(cuda_backend *b, const cu_layer *w, int T, int n_items, float *lowrank, int stream_blocks,
+                        cudaStream_t s)
 {
     const model_config *c = b->c;
     const cp_dims *d = &b->d;
@@ -134,8 +135,9 @@ static int kda_mixer(cuda_backend *b, const cu_layer *w, int T, int n_items, cud
     a.neg_eigval = c->beta_scale != 1.0f;
     a.y = b->ybuf;
     a.ldy = d->HV;
-    a.lowrank = b->lowrank;
+    a.lowrank = lowrank;
     a.lowrank_rows = T;
+    a.stream_blocks = stream_blocks;
     /* T rows of T items: one token each (a decode step, or a pass's decode rows) */
     a.stream = T == n_items && b->tn.kda_stream > 0 && n_items >= b->tn.kda_stream;
     if (b->kda_preconv) {
@@ -145,6 +147,11 @@ static int kda_mixer(cuda_backend *b, const cu_layer *w, int T, int n_items, cud
         a.preconv = 1;
     }
     return kc_kda_step(&a, s);
+}
+
+static int kda_mixer(cuda_backend *b, const cu_layer *w, int T, int n_items, cudaStream_t s)
+{
+    return kda_mixer_on(b, w, T, n_items, b->lowrank, 0, s);
 }
 
 /* the attention layer's kernel arguments over the pass's T rows (both paths) */
@@ -282,6 +289,22 @@ int cu_logits(cuda_backend *b, int k0, int n, char *err, size_t errlen)
 
 /* ---- prompt passes: thousands of rows of many items at once ---- */
 
+/* A mixed step's two streams (tuning mixed_reserve): st2 starts after the
+ * work enqueued on st so far; st continues after st2's last work
+ * (ev_join recorded there). Only st2 ever waits for ev_fork and only st for
+ * ev_join, so one pair of events serves every layer. No cuBLAS call runs on
+ * st2 (the handle's stream and workspace stay st's). */
+static int fork_side(cuda_backend *b)
+{
+    return cudaEventRecord(b->ev_fork, b->st) == cudaSuccess && cudaStreamWaitEvent(b->st2, b->ev_fork, 0) == cudaSuccess
+               ? 0
+               : -7;
+}
+static int join_side(cuda_backend *b)
+{
+    return cudaStreamWaitEvent(b->st, b->ev_join, 0) == cudaSuccess ? 0 : -7;
+}
+
 /* Items [i0, n_items) of the pass through the chunked kernel; the low-rank
  * GEMMs cover all T rows (the decode kernel of items [0, i0), which ran
  * before in stream order, is done with the scratch they overwrite). */
@@ -334,7 +357,7 @@ static int kda_mixer_prefill(cuda_backend *b, const cu_layer *w, int T, int i0, 
  * [0, n_dec), one token each) through the decode attention, the other items
  * through the prefill attention. */
 static int gqa_mixer_prefill(cuda_backend *b, const cu_layer *w, int T, int n_dec, int n_items, int max_ctx,
-                             char *err, size_t errlen)
+                             int side, char *err, size_t errlen)
 {
     const cp_dims *d = &b->d;
     kc_gqa_args a;
@@ -343,7 +366,9 @@ static int gqa_mixer_prefill(cuda_backend *b, const cu_layer *w, int T, int n_de
     if (n_dec) {
         const int split = cu_attn_split(b, n_dec), nsplit = (d->max_seq_len + split - 1) / split;
         a.T = n_dec;
-        KC_CHECK(kc_gqa_attn(&a, b->opart, b->ml, nsplit, split, b->ybuf, d->Hq * d->hd, b->st));
+        if (side) KC_CHECK(fork_side(b));
+        KC_CHECK(kc_gqa_attn(&a, b->opart, b->ml, nsplit, split, b->ybuf, d->Hq * d->hd, side ? b->st2 : b->st));
+        if (side) KC_CHECK(cudaEventRecord(b->ev_join, b->st2) == cudaSuccess ? 0 : -7);
         a.T = T;
     }
     const kc_attn_prefill_tuning tune = {.variant = b->tn.attn_prefill_variant, .split_keys = b->tn.attn_prefill_split};
@@ -351,6 +376,7 @@ static int gqa_mixer_prefill(cuda_backend *b, const cu_layer *w, int T, int n_de
         KC_CHECK(kc_attn_prefill(&a, b->dm.item_row0 + n_dec, b->dm.item_ntok + n_dec, b->dm.item_pos0 + n_dec,
                                  b->dm.item_slot + n_dec, n_items - n_dec, max_ctx, b->ybuf, d->Hq * d->hd, b->attn_ws,
                                  d->attn_prefill_ws, &tune, b->st));
+    if (side && n_dec) KC_CHECK(join_side(b));
     PROF(b, KDA_PROF_ATTN);
     return 0;
 }
@@ -360,6 +386,10 @@ int cu_forward_prefill(cuda_backend *b, int T, int n_items, int n_dec, int max_c
     const cp_dims *d = &b->d;
     const int D = d->D, Tg = cu_gemm_rows(b, T);
     cudaStream_t s = b->st;
+    /* decode rows and prompt items side by side (tuning mixed_reserve; the
+     * profile's per-kind split needs one stream) */
+    const int side = n_dec > 0 && n_items > n_dec && b->tn.mixed_reserve > 0 && !b->prof_on;
+    const int stream_blocks = b->sms - b->tn.mixed_reserve > 0 ? b->sms - b->tn.mixed_reserve : 1;
     PROF(b, -1);
     KC_CHECK(kc_embed(b->h, b->embed, b->dm.tok_ids, T, D, s));
     KC_CHECK(kc_hist_append(b->d_hist, d->max_seq_len, b->dm.tok_ids, b->dm.tok_pos, b->dm.tok_slot, T, s));
@@ -373,12 +403,17 @@ int cu_forward_prefill(cuda_backend *b, int T, int n_items, int n_dec, int max_c
         PROF(b, KDA_PROF_GEMM);
         const int kda = b->c->kind[l] == KDA_LAYER_KDA;
         int rc = 0;
-        if (kda && n_dec) { /* the one-token items through the decode step kernel first */
+        if (kda && n_dec && side) { /* the one-token items beside the prompt items, on SMs of their own */
+            KC_CHECK(fork_side(b));
+            KC_CHECK(kda_mixer_on(b, w, n_dec, n_dec, b->lowrank_dec, stream_blocks, b->st2));
+            KC_CHECK(cudaEventRecord(b->ev_join, b->st2) == cudaSuccess ? 0 : -7);
+        } else if (kda && n_dec) { /* the one-token items through the decode step kernel first */
             KC_CHECK(kda_mixer(b, w, n_dec, n_dec, s));
             PROF(b, KDA_PROF_KDA);
         }
         if (kda && n_items > n_dec) rc = kda_mixer_prefill(b, w, T, n_dec, n_items, err, errlen);
-        if (!kda) rc = gqa_mixer_prefill(b, w, T, n_dec, n_items, max_ctx, err, errlen);
+        if (!rc && kda && n_dec && side && join_side(b)) rc = KDA_EDEVICE;
+        if (!kda) rc = gqa_mixer_prefill(b, w, T, n_dec, n_items, max_ctx, side, err, errlen);
         if (rc) return rc;
         const int ycols = kda ? d->HV : d->Hq * d->hd;
         KC_CHECK(gemm(b, b->h, D, b->ybuf, ycols, w->w_o, Tg, D, ycols, 1.0f, s));

@@ -77,7 +77,11 @@ typedef struct {
     kda_tuning tn;
     float eps;
     char devname[256];
-    cudaStream_t st;
+    cudaStream_t st;           /* every launch, high priority */
+    cudaStream_t st2;          /* a mixed step's decode rows' KDA step / attention beside st's prompt items */
+    cudaEvent_t ev_fork, ev_join;
+    int sms;                   /* multiprocessors */
+    int prio_lo, prio_hi;      /* the device's stream priorities (st: hi, st2: lo) */
     cublasHandle_t cublas;
     kc_gemm_lt *glt;           /* tuned cublasLt plans (NULL: plain kc_gemm) */
     char *pool;                /* the one cudaMalloc, carved by lo */
@@ -100,6 +104,7 @@ typedef struct {
     int n_snaps_live;
     /* activations (device) */
     float *h, *proj, *q, *opart, *ml, *logits, *lse, *tlp, *lowrank;
+    float *lowrank_dec;        /* [TM, HK + HV]: the side stream's low-rank outputs */
     uint16_t *xn, *act, *ybuf, *lowin;
     void *kda_ws, *attn_ws;    /* prefill kernels' workspaces */
     int fast_prefill;          /* prompt passes use the prefill kernels (tuning, and shapes they support) */

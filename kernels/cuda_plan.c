@@ -161,6 +161,9 @@ void cp_layout_compute(cp_layout *lo, const cp_dims *d, const model_config *c, i
     lo->bias = take(&o, TM * KDA_MAX_LOGIT_BIAS * sizeof(kda_logit_bias));
     lo->table = take(&o, (size_t)d->max_seqs * d->max_blocks * 4);
     lo->cublas_ws = take(&o, CP_CUBLAS_WS);
+    /* a mixed step's decode rows' low-rank outputs, written while the prompt
+     * items' low-rank GEMMs fill lowrank (tuning mixed_reserve) */
+    lo->lowrank_dec = take(&o, TM * (d->HK + d->HV) * 4 + 4);
     lo->act_bytes = o - mark;
     lo->act_end = o;
     lo->n_blocks = n_blocks;

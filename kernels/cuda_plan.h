@@ -77,7 +77,7 @@ typedef struct {
     size_t weights_end;                   /* weights occupy [0, weights_end) */
     size_t state;                         /* [max_seqs][slot_floats] fp32 */
     size_t snap_state;                    /* [n_snaps][slot_floats] fp32: prefix snapshots */
-    size_t h, proj, q, lowrank, opart, ml, logits, lse, tlp, xn, act, ybuf; /* activations */
+    size_t h, proj, q, lowrank, lowrank_dec, opart, ml, logits, lse, tlp, xn, act, ybuf; /* activations */
     size_t lowin, kda_ws, attn_ws;        /* prefill: f0|g0 as bf16 [PM, 2R]; kernel workspaces */
     size_t meta, sample_params, hist, scratch, tok, lp, top, toplp, ptop, ptoplp, bias, table;
     size_t cublas_ws;

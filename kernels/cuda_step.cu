@@ -247,10 +247,38 @@ static int emit_outputs(cuda_backend *b, const step_item *items, const int *row_
 
 static int step(cuda_backend *b, const step_item *items, int n, char *err, size_t errlen);
 
+/* tuning poison (tests): the step's scratch buffers whose bit is set filled
+ * with 0xFF bytes (NaN in fp32 and bf16) before the step, so that a kernel
+ * reading what this step did not write shows as NaN in its outputs */
+static int poison(cuda_backend *b)
+{
+    const cp_layout *lo = &b->lo;
+    const size_t at[] = {lo->h, lo->proj, lo->q, lo->lowrank, lo->lowin, lo->kda_ws, lo->attn_ws, lo->opart, lo->ml,
+                         lo->logits, lo->xn, lo->act, lo->ybuf, lo->lowrank_dec};
+    /* every region of the activation area: one ends where the next in carve order starts */
+    const size_t bound[] = {lo->h, lo->proj, lo->q, lo->lowrank, lo->lowin, lo->kda_ws, lo->attn_ws, lo->opart,
+                            lo->ml, lo->logits, lo->lse, lo->tlp, lo->xn, lo->act, lo->ybuf, lo->meta,
+                            lo->sample_params, lo->hist, lo->scratch, lo->tok, lo->lp, lo->top, lo->toplp, lo->ptop,
+                            lo->ptoplp, lo->bias, lo->table, lo->cublas_ws, lo->lowrank_dec, lo->act_end};
+    const size_t n = sizeof at / sizeof at[0];
+    for (size_t i = 0; i < n; i++) {
+        if (!(b->tn.poison >> i & 1)) continue;
+        size_t end = lo->act_end;
+        for (size_t j = 0; j < sizeof bound / sizeof bound[0]; j++)
+            if (bound[j] > at[i] && bound[j] < end) end = bound[j];
+        if (cudaMemsetAsync(b->pool + at[i], 0xFF, end - at[i], b->st) != cudaSuccess) return -7;
+    }
+    return 0;
+}
+
 int cu_step_begin(backend *bb, const step_item *items, int n, char *err, size_t errlen)
 {
     cuda_backend *b = (cuda_backend *)bb;
     b->pend.active = 0;
+    if (b->tn.poison && poison(b)) {
+        snprintf(err, errlen, "poison: cudaMemsetAsync failed");
+        return KDA_EDEVICE;
+    }
     const int rc = step(b, items, n, err, errlen);
     if (rc) b->pend.active = 0;
     return rc;

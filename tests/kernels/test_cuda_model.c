@@ -9,7 +9,8 @@
  * uncached, block sharing), and every checkpoint fla itself wrote
  * (tests/fixtures/fla: each KDAForCausalLM / llama_kda option) against the
  * CPU, in one step and fed in several; the two-phase step (begin / end) against the
- * one-call step. KDA_TEST_MODEL_17B=DIR adds the
+ * one-call step; mixed steps with the decode rows on a second stream against
+ * one stream. KDA_TEST_MODEL_17B=DIR adds the
  * 1.7B-shaped checkpoint in DIR. Skips (77) without a GPU.
  */
 #include <dirent.h>
@@ -25,7 +26,7 @@
 #include "engine.h"
 #include "kt_util.h"
 
-static char tiny_dir[256], llama_dir[256], demo_dir[512];
+static char tiny_dir[256], llama_dir[256], k128_dir[256], demo_dir[512];
 
 static int gen(char *dir, size_t n, const char *args)
 {
@@ -295,8 +296,9 @@ static void test_batch_of_64_equals_each_sequence_alone(void **st)
     kda_engine *cpu = open_engine(demo_dir, "cpu", 1, 512);
     kda_engine *emu = open_engine_t(demo_dir, "cpu", 1, 512, 1);
     float *lc = malloc((size_t)STEPS * VOC * 4), *le = malloc((size_t)STEPS * VOC * 4);
-    double worst = 0, worst_round = 0;
+    double worst = 0, worst_round = 0, worst_bc = 0, worst_ac = 0;
     int worst_i = -1;
+    const int diag = getenv("KDA_TEST_DIAG") != NULL;
     for (int i = 0; i < B; i++) {
         const double before = worst;
         int s1;
@@ -328,10 +330,16 @@ static void test_batch_of_64_equals_each_sequence_alone(void **st)
             }
             kda_seq_free(ce[k], sc);
         }
+        double wr = 0, wb = 0, wa = 0;
         for (int s = 0; s < STEPS; s++) {
             const double e = kt_rel(le + (size_t)s * VOC, lc + (size_t)s * VOC, VOC);
-            worst_round = e > worst_round ? e : worst_round;
+            const double eb = kt_rel(lb + ((size_t)i * STEPS + s) * VOC, lc + (size_t)s * VOC, VOC);
+            const double ea = kt_rel(la + (size_t)s * VOC, lc + (size_t)s * VOC, VOC);
+            wr = e > wr ? e : wr, wb = eb > wb ? eb : wb, wa = ea > wa ? ea : wa;
         }
+        worst_round = wr > worst_round ? wr : worst_round;
+        worst_bc = wb > worst_bc ? wb : worst_bc, worst_ac = wa > worst_ac ? wa : worst_ac;
+        if (diag) printf("seq %2d len %2d: emu-fp32 %.2e batch-fp32 %.2e alone-fp32 %.2e\n", i, plen[i], wr, wb, wa);
     }
     /* where the worst sequence sat in the batched prompt step: the backend
      * processes prompts in passes of at most 256 rows, in item order */
@@ -339,9 +347,9 @@ static void test_batch_of_64_equals_each_sequence_alone(void **st)
     if (worst_i < 0) worst_i = 0;
     for (int i = 0; i < worst_i; i++) start += plen[i];
     printf("batch of %d vs alone: worst rel L2 %.2e (sequence %d, prompt rows %d..%d%s); bf16 storage alone "
-           "(cpu emulation vs fp32) on the same sequences: worst %.2e\n",
+           "(cpu emulation vs fp32) on the same sequences: worst %.2e; vs the cpu in fp32: batch %.2e, alone %.2e\n",
            B, worst, worst_i, start, start + plen[worst_i] - 1,
-           start / 256 != (start + plen[worst_i] - 1) / 256 ? ", across a pass" : "", worst_round);
+           start / 256 != (start + plen[worst_i] - 1) / 256 ? ", across a pass" : "", worst_round, worst_bc, worst_ac);
     /* Batched and single rows run different kernels (cuBLASLt plans vs the
      * GEMV, other attention splits), so fp32 sums differ in order and some
      * bf16-stored activations round the other way: not bit-identical (4-7e-3
@@ -1141,12 +1149,101 @@ static void test_step_begin_end_equals_step(void **st)
     kda_engine_close(gpu);
 }
 
+
+/* Mixed steps with the decode rows' KDA step and attention on a second
+ * stream beside the prompt items (tuning mixed_reserve, the state kernel on
+ * all SMs but that many) against the same steps on one stream. The same
+ * kernels compute the same values whatever the stream or the state kernel's
+ * grid (each (item, head) pair is one block's, in any order), so every logit
+ * must be identical; a race between the streams over a scratch buffer, a
+ * missing wait, or a state read before its write would show. A K = V = 128
+ * checkpoint, so the decode rows take the streamed state kernel (>= 16
+ * items); prompt items of 1..200 tokens, one continued from its state every
+ * step. */
+static void mixed_run(int reserve, float *out, int n_out)
+{
+    enum { ND = 32, NP = 3, STEPS = 6, VOC = 256, CONT = 50 };
+    kda_tuning tn;
+    char err[512];
+    kda_tuning_defaults(&tn);
+    assert_int_equal(kda_tuning_from_env(&tn, err, sizeof err), 0);
+    tn.mixed_reserve = reserve;
+    kda_engine_opts o = {.model_dir = k128_dir, .device = "cuda", .max_seqs = ND + NP + 1, .max_seq_len = 1024,
+                         .gpu_mem_fraction = 0.5, .tuning = &tn};
+    kda_engine *e = NULL;
+    assert_int_equal(kda_engine_open(&e, &o, err, sizeof err), 0);
+    kt_rng = 99; /* the same tokens every run */
+    static int32_t prompts[ND][160], fresh[NP][200], cont[CONT * STEPS], tok[ND];
+    rand_tokens(&prompts[0][0], ND * 160, VOC);
+    rand_tokens(&fresh[0][0], NP * 200, VOC);
+    rand_tokens(cont, CONT * STEPS, VOC);
+    int seq[ND], fs[NP], cs, k = 0;
+    kda_sampling g = {.temperature = 0};
+    kda_batch_item it[ND + NP + 1];
+    for (int i = 0; i < ND; i++) {
+        assert_int_equal(kda_seq_new(e, &seq[i], err, sizeof err), 0);
+        it[i] = (kda_batch_item){.seq = seq[i], .tokens = prompts[i], .n_tokens = 1 + (i * 29) % 150, .sampling = &g,
+                                 .sampled = &tok[i]};
+    }
+    assert_int_equal(kda_seq_new(e, &cs, err, sizeof err), 0);
+    assert_int_equal(kda_engine_step(e, it, ND, err, sizeof err), 0);
+    int32_t ftok[NP];
+    for (int s = 0; s < STEPS; s++) {
+        int n = 0;
+        for (int i = 0; i < ND; i++, n++) {
+            assert_true(k + VOC <= n_out);
+            it[n] = (kda_batch_item){.seq = seq[i], .tokens = &tok[i], .n_tokens = 1, .sampling = &g,
+                                     .sampled = &tok[i], .logits = out + k};
+            k += VOC;
+        }
+        for (int j = 0; j < NP; j++, n++) {
+            assert_int_equal(kda_seq_new(e, &fs[j], err, sizeof err), 0);
+            const int len = j == 0 ? 2 + s : j == 1 ? 17 + 11 * s : 64 + 27 * s; /* 2..7, 17..72, 64..199 */
+            assert_true(k + VOC <= n_out);
+            it[n] = (kda_batch_item){.seq = fs[j], .tokens = fresh[j], .n_tokens = len, .sampling = &g,
+                                     .sampled = &ftok[j], .logits = out + k};
+            k += VOC;
+        }
+        assert_true(k + VOC <= n_out);
+        it[n++] = (kda_batch_item){.seq = cs, .tokens = cont + CONT * s, .n_tokens = CONT, .sampling = &g,
+                                   .sampled = &ftok[0], .logits = out + k}; /* continues from the last step's state */
+        k += VOC;
+        int rc = kda_engine_step(e, it, n, err, sizeof err);
+        if (rc) fprintf(stderr, "mixed step: %s\n", err);
+        assert_int_equal(rc, 0);
+        for (int j = 0; j < NP; j++) kda_seq_free(e, fs[j]);
+    }
+    assert_int_equal(k, n_out);
+    for (int i = 0; i < ND; i++) kda_seq_free(e, seq[i]);
+    kda_seq_free(e, cs);
+    kda_engine_close(e);
+}
+
+static void test_mixed_steps_on_two_streams_equal_one(void **st)
+{
+    (void)st;
+    enum { N_OUT = 6 * (32 + 3 + 1) * 256 };
+    float *one = malloc(N_OUT * 4), *two = malloc(N_OUT * 4);
+    mixed_run(0, one, N_OUT);
+    const int reserves[] = {16, 64, 1000}; /* 1000: the state kernel on one block */
+    for (int r = 0; r < 3; r++) {
+        for (int i = 0; i < N_OUT; i++) two[i] = NAN;
+        mixed_run(reserves[r], two, N_OUT);
+        int diff = 0;
+        for (int i = 0; i < N_OUT; i++) diff += memcmp(&one[i], &two[i], 4) != 0;
+        printf("mixed_reserve=%d: %d of %d logits differ from one stream\n", reserves[r], diff, N_OUT);
+        assert_int_equal(diff, 0);
+    }
+    free(one), free(two);
+}
+
 int main(void)
 {
     kt_skip_without_gpu();
     snprintf(demo_dir, sizeof demo_dir, "%s/models/demo", getenv("KDA_SRC") ? getenv("KDA_SRC") : ".");
     if (gen(tiny_dir, sizeof tiny_dir, "--preset tiny --seed 3") ||
-        gen(llama_dir, sizeof llama_dir, "--preset llama-tiny --seed 4")) {
+        gen(llama_dir, sizeof llama_dir, "--preset llama-tiny --seed 4") ||
+        gen(k128_dir, sizeof k128_dir, "--preset small --head-dim 128 --seed 5")) {
         fprintf(stderr, "checkpoint generation failed\n");
         return 1;
     }
@@ -1173,6 +1270,7 @@ int main(void)
         cmocka_unit_test(test_prefix_snapshot_blocks_are_shared_and_given_back),
         cmocka_unit_test(test_fla_fixtures_match_cpu_one_step_and_stepped),
         cmocka_unit_test(test_step_begin_end_equals_step),
+        cmocka_unit_test(test_mixed_steps_on_two_streams_equal_one),
     };
     /* KDA_TEST_ONLY=SUBSTRING runs only the tests whose name contains it */
     const char *only = getenv("KDA_TEST_ONLY");

@@ -63,7 +63,7 @@ static void test_layout_regions_are_aligned_ordered_and_inside_the_pool(void **s
     size_t offs[] = {lo.embed, lo.final_norm, lo.layer[0].w_mix, lo.layer[23].w_down, lo.state,
                      lo.h, lo.proj, lo.q, lo.lowrank, lo.opart, lo.ml, lo.logits, lo.lse, lo.tlp, lo.xn, lo.act,
                      lo.ybuf, lo.meta, lo.sample_params, lo.hist, lo.scratch, lo.tok, lo.lp, lo.top, lo.toplp,
-                     lo.bias, lo.table, lo.cublas_ws, lo.kv, lo.total};
+                     lo.bias, lo.table, lo.cublas_ws, lo.lowrank_dec, lo.kv, lo.total};
     for (size_t i = 0; i < sizeof offs / sizeof offs[0]; i++) {
         assert_int_equal(offs[i] % 256, 0);
         if (i) assert_true(offs[i] > offs[i - 1]);
