@@ -15,6 +15,10 @@
  * (what /score computes). Each is the median of --reps timed steps after one
  * untimed. With --tuning prof=1 the device time is also split by kind of work
  * (GEMM, KDA, attention, lm-head + log-softmax, other).
+ * Mixed (--mixed B:P:T,...): B sequences decoding (contexts of 128) and P new
+ * prompts of T tokens in one step, what a serving step carries; each timed
+ * mixed step is followed by a timed decode step of the same B alone, and the
+ * medians of both are reported (the prompt rows' cost inside a decode step).
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -66,10 +70,12 @@ void cli_bench_usage(FILE *f)
             "usage: kda-cli bench MODEL_DIR [--device cuda|cpu] [--pairs CTX:B,...] [--steps N]\n"
             "                     [--fill prefill|decode] [--prefill B:T,...] [--score B:T,...] [--reps N]\n"
             "                     [--json FILE] [--no-kernels] [--mem-fraction F] [--tuning k=v,...]\n"
-            "                     [--kda-state-dtype fp32|bf16]\n"
+            "                     [--kda-state-dtype fp32|bf16] [--mixed B:P:T,...]\n"
             "                     [--threads N]\n"
             "  default pairs 128:1,128:16,128:64,128:256,4096:1,4096:16,4096:64,4096:256 (\"\" = none);\n"
-            "  steps 32; no prefill or score points; reps 5\n");
+            "  steps 32; no prefill or score points; reps 5\n"
+            "  --mixed B:P:T: B sequences decoding at context 128 and P new prompts of T tokens in one\n"
+            "  step, against a decode step of the same B alone (median of reps each, interleaved)\n");
 }
 
 static int usage(void)
@@ -230,13 +236,105 @@ done:
     return rc;
 }
 
+typedef struct {
+    int B, P, T;
+    double ms, dec_ms, launch_ms; /* launch_ms: kda_engine_step_begin's own time (the host's launches) */
+    kda_prof pm, pd; /* tuning prof=1: device time of the timed mixed / decode steps */
+} bench_mixed;
+
+static void prof_add(kda_engine *e, kda_prof *sum, int count)
+{
+    kda_prof p;
+    kda_engine_prof_take(e, &p);
+    if (!count) return;
+    for (int k = 0; k < KDA_PROF_N; k++) sum->ms[k] += p.ms[k];
+    sum->steps += p.steps;
+}
+
+/* "B:P:T,..."; returns the count or -1 */
+static int parse_mixed(const char *s, bench_mixed *out, int max)
+{
+    int n = 0;
+    for (const char *p = s; *p;) {
+        int a, b, c, k = 0;
+        if (n == max || sscanf(p, "%d:%d:%d%n", &a, &b, &c, &k) != 3 || a < 1 || b < 1 || c < 1) return -1;
+        out[n++] = (bench_mixed){.B = a, .P = b, .T = c};
+        p += k;
+        if (*p == ',') p++;
+        else if (*p) return -1;
+    }
+    return n;
+}
+
+static int run_mixed(kda_engine *e, bench_mixed *bm, int reps, char *err, size_t errlen)
+{
+    enum { CTX = 128 };
+    const int B = bm->B, P = bm->P, T = bm->T, vocab = kda_engine_info(e)->vocab_size;
+    const int n = B + P;
+    int *seq = calloc((size_t)n, sizeof *seq), made = 0, rc = 0;
+    int32_t *ctx = malloc((size_t)B * CTX * sizeof *ctx), *prm = malloc((size_t)P * T * sizeof *prm);
+    int32_t *tok = calloc((size_t)n, sizeof *tok), *next = calloc((size_t)n, sizeof *next);
+    kda_batch_item *it = calloc((size_t)n, sizeof *it);
+    double *tm = calloc((size_t)reps, sizeof *tm), *td = calloc((size_t)reps, sizeof *td);
+    double *tl = calloc((size_t)reps, sizeof *tl);
+    kda_sampling greedy = {.temperature = 0, .top_p = 1, .repetition_penalty = 1};
+    if (!seq || !ctx || !prm || !tok || !next || !it || !tm || !td || !tl) {
+        snprintf(err, errlen, "out of memory");
+        rc = KDA_ENOMEM;
+        goto done;
+    }
+    unsigned r = 4242;
+    for (size_t i = 0; i < (size_t)B * CTX; i++) r = r * 1103515245u + 12345u, ctx[i] = (int32_t)((r >> 8) % (unsigned)vocab);
+    for (size_t i = 0; i < (size_t)P * T; i++) r = r * 1103515245u + 12345u, prm[i] = (int32_t)((r >> 8) % (unsigned)vocab);
+    for (; made < B; made++)
+        if ((rc = kda_seq_new(e, &seq[made], err, errlen))) goto done;
+    for (int i = 0; i < B; i++) it[i] = (kda_batch_item){.seq = seq[i], .tokens = ctx + (size_t)i * CTX, .n_tokens = CTX};
+    if ((rc = kda_engine_step(e, it, B, err, errlen))) goto done;
+    for (int i = 0; i < B; i++) tok[i] = ctx[(size_t)i * CTX + CTX - 1];
+    for (int rep = -2; rep < reps; rep++) { /* two untimed */
+        for (int j = 0; j < P; j++, made++)
+            if ((rc = kda_seq_new(e, &seq[B + j], err, errlen))) goto done;
+        for (int i = 0; i < B; i++)
+            it[i] = (kda_batch_item){.seq = seq[i], .tokens = &tok[i], .n_tokens = 1, .sampling = &greedy,
+                                     .sampled = &next[i]};
+        for (int j = 0; j < P; j++)
+            it[B + j] = (kda_batch_item){.seq = seq[B + j], .tokens = prm + (size_t)j * T, .n_tokens = T,
+                                         .sampling = &greedy, .sampled = &next[B + j]};
+        prof_add(e, &bm->pd, 0);
+        double t0 = now_s();
+        if ((rc = kda_engine_step_begin(e, it, n, err, errlen))) goto done;
+        const double t1 = now_s();
+        if ((rc = kda_engine_step_end(e, err, errlen))) goto done;
+        if (rep >= 0) tm[rep] = (now_s() - t0) * 1e3, tl[rep] = (t1 - t0) * 1e3;
+        prof_add(e, &bm->pm, rep >= 0);
+        memcpy(tok, next, (size_t)B * sizeof *tok);
+        for (int j = 0; j < P; j++, made--) kda_seq_free(e, seq[B + j]);
+        for (int i = 0; i < B; i++)
+            it[i] = (kda_batch_item){.seq = seq[i], .tokens = &tok[i], .n_tokens = 1, .sampling = &greedy,
+                                     .sampled = &next[i]};
+        t0 = now_s();
+        if ((rc = kda_engine_step(e, it, B, err, errlen))) goto done;
+        if (rep >= 0) td[rep] = (now_s() - t0) * 1e3;
+        prof_add(e, &bm->pd, rep >= 0);
+        memcpy(tok, next, (size_t)B * sizeof *tok);
+    }
+    qsort(tm, (size_t)reps, sizeof *tm, cmp_double);
+    qsort(td, (size_t)reps, sizeof *td, cmp_double);
+    qsort(tl, (size_t)reps, sizeof *tl, cmp_double);
+    bm->ms = tm[reps / 2], bm->dec_ms = td[reps / 2], bm->launch_ms = tl[reps / 2];
+done:
+    for (int i = 0; i < made; i++) kda_seq_free(e, seq[i]);
+    free(seq), free(ctx), free(prm), free(tok), free(next), free(it), free(tm), free(td), free(tl);
+    return rc;
+}
+
 int cli_bench(int argc, char **argv)
 {
     if (argc < 1 || argv[0][0] == '-') return usage();
     const char *dir = argv[0], *device = "cuda", *json_path = NULL, *tuning = NULL, *fill = "prefill";
     const char *state_dtype = NULL;
     const char *pairs_s = "128:1,128:16,128:64,128:256,4096:1,4096:16,4096:64,4096:256";
-    const char *prefill_s = "", *score_s = "";
+    const char *prefill_s = "", *score_s = "", *mixed_s = "";
     int steps = 32, kernels = 1, reps = 5, threads = 0;
     double frac = 0.9;
     for (int i = 1; i < argc; i++) {
@@ -253,6 +351,7 @@ int cli_bench(int argc, char **argv)
         else if (!strcmp(argv[i], "--score") && i + 1 < argc) score_s = argv[++i];
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--mixed") && i + 1 < argc) mixed_s = argv[++i];
         else return usage();
     }
     bench_pair pairs[64];
@@ -273,6 +372,14 @@ int cli_bench(int argc, char **argv)
             max_b = pp[i][0] > max_b ? pp[i][0] : max_b;
             max_ctx = pp[i][1] > max_ctx ? pp[i][1] : max_ctx;
         }
+    }
+    bench_mixed mx[32];
+    const int nmx = parse_mixed(mixed_s, mx, 32);
+    if (nmx < 0) return usage();
+    for (int i = 0; i < nmx; i++) {
+        max_b = mx[i].B + mx[i].P > max_b ? mx[i].B + mx[i].P : max_b;
+        max_ctx = mx[i].T > max_ctx ? mx[i].T : max_ctx;
+        max_ctx = 128 + 2 * (reps + 2) + 8 > max_ctx ? 128 + 2 * (reps + 2) + 8 : max_ctx;
     }
     if (steps < 1 || reps < 1 || (strcmp(fill, "prefill") && strcmp(fill, "decode"))) return usage();
     kc_bench_row krows[64];
@@ -355,6 +462,24 @@ int cli_bench(int argc, char **argv)
         printf("\n");
         fflush(stdout);
     }
+    for (int i = 0; i < nmx; i++) {
+        bench_mixed *m = &mx[i];
+        rc = run_mixed(e, m, reps, err, sizeof err);
+        if (rc) {
+            fprintf(stderr, "bench mixed %d:%d:%d: %s\n", m->B, m->P, m->T, err);
+            m->ms = m->dec_ms = -1;
+            continue;
+        }
+        printf("  mixed   B=%-4d + %d x %-5d %8.3f ms (launches %.3f)  decode alone %8.3f ms  prompt rows %6.2f us/token",
+               m->B, m->P, m->T, m->ms, m->launch_ms, m->dec_ms, (m->ms - m->dec_ms) * 1e3 / ((double)m->P * m->T));
+        if (m->pm.steps && m->pd.steps) {
+            printf("  device ms mixed / decode:");
+            for (int k = 0; k < KDA_PROF_N; k++)
+                printf(" %s %.3f/%.3f", prof_names[k], m->pm.ms[k] / m->pm.steps, m->pd.ms[k] / m->pd.steps);
+        }
+        printf("\n");
+        fflush(stdout);
+    }
     FILE *json = json_path ? fopen(json_path, "w") : NULL;
     if (json_path && !json) {
         perror(json_path);
@@ -398,6 +523,10 @@ int cli_bench(int argc, char **argv)
             fprintf(json, "}");
             first = 0;
         }
+        fprintf(json, "\n  ],\n  \"mixed\": [");
+        for (int i = 0; i < nmx; i++)
+            fprintf(json, "%s\n    {\"B\": %d, \"P\": %d, \"T\": %d, \"ms\": %.4f, \"launch_ms\": %.4f, \"decode_ms\": %.4f}",
+                    i ? "," : "", mx[i].B, mx[i].P, mx[i].T, mx[i].ms, mx[i].launch_ms, mx[i].dec_ms);
         fprintf(json, "\n  ]\n}\n");
         fclose(json);
     }
