@@ -90,7 +90,8 @@ typedef struct {
     int poison;          /* CUDA, tests: before every step fill the step's scratch buffers of each set bit
                           * with NaN (0xFF bytes): 1 h, 2 proj, 4 q, 8 lowrank, 16 lowin, 32 kda_ws,
                           * 64 attn_ws, 128 opart, 256 ml, 512 logits, 1024 xn, 2048 act, 4096 ybuf,
-                          * 8192 lowrank_dec; a kernel that reads what the step did not write then shows (0) */
+                          * 8192 lowrank_dec; a kernel that reads what the step did not write then shows;
+                          * 16384: the KV cache and the KDA state slots, once at load (0) */
     int kda_state_bf16;  /* CUDA: store the KDA recurrent state S as bf16, math in fp32 (0 = fp32;
                             --kda-state-dtype bf16): half the state traffic and memory, at the
                             fidelity bench/NOTES.md measures; the CPU backend refuses it */

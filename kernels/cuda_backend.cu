@@ -492,6 +492,16 @@ int cuda_backend_create(backend **out, const backend_params *p, char *err, size_
             b->fast_prefill = 0;
         }
     }
+    /* tuning poison bit 14 (tests): the KV cache and the state slots start as NaN, so a
+     * kernel reading KV or state that no step wrote shows as NaN in its outputs */
+    if (b->tn.poison >> 14 & 1) {
+        if (cudaMemset(b->pool + b->lo.kv, 0xFF, b->lo.kv_bytes) != cudaSuccess ||
+            cudaMemset(b->pool + b->lo.state, 0xFF, b->lo.state_bytes) != cudaSuccess) {
+            rc = KDA_EDEVICE;
+            snprintf(err, errlen, "poison: cudaMemset failed");
+            goto fail;
+        }
+    }
     if (kv_alloc_init(&b->ka, b->lo.n_blocks, b->d.max_seqs, b->d.max_blocks)) {
         rc = KDA_ENOMEM;
         snprintf(err, errlen, "out of host memory");
