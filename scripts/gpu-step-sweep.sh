@@ -3,6 +3,7 @@
 # the serving benchmark at C = 64, 256 with --step-tokens 256 / 512 / 1024 (cuda's default), the
 # trade-off between ITL (short steps) and efficiency / TTFT (prompt rows cost less in larger steps).
 # $OUT: summary.txt, serve-step<N>.json (commit under bench/results/), logs.tgz.
+source "$(dirname "$0")/gpu-env.sh"
 export KDA_COMMIT=$(cat .carry/commit)
 S=$OUT/summary.txt; : > $S; rc=0; STEP_BUDGET=420
 python3 scripts/gen_checkpoint.py "$M17" --preset 1.7b --tokenizer spm:.carry/llama2-tokenizer.model > $LOG/gen.txt 2>&1
