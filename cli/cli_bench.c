@@ -84,19 +84,42 @@ static int usage(void)
     return 2;
 }
 
-/* "B:T,B:T" (or "CTX:B" for decode pairs); returns the count or -1 */
-static int parse_pairs(const char *s, int (*out)[2], int max)
+/* "a:b,a:b" with `arity` positive integers per item ("B:T", "CTX:B", "B:P:T"),
+ * into out[item * arity + j]; returns the count or -1 */
+static int parse_tuples(const char *s, int *out, int arity, int max)
 {
     int n = 0;
-    for (const char *p = s; *p;) {
-        int a, b, k = 0;
-        if (n == max || sscanf(p, "%d:%d%n", &a, &b, &k) != 2 || a < 1 || b < 1) return -1;
-        out[n][0] = a, out[n][1] = b, n++;
-        p += k;
+    for (const char *p = s; *p; n++) {
+        if (n == max) return -1;
+        for (int j = 0; j < arity; j++) {
+            int v, k = 0;
+            if (sscanf(p, j ? ":%d%n" : "%d%n", &v, &k) != 1 || v < 1) return -1;
+            out[n * arity + j] = v, p += k;
+        }
         if (*p == ',') p++;
         else if (*p) return -1;
     }
     return n;
+}
+static int parse_pairs(const char *s, int (*out)[2], int max)
+{
+    return parse_tuples(s, &out[0][0], 2, max);
+}
+
+/* n random ids below vocab from the generator state *r */
+static void rand_tokens(int32_t *t, size_t n, int vocab, unsigned *r)
+{
+    for (size_t i = 0; i < n; i++) {
+        *r = *r * 1103515245u + 12345u;
+        t[i] = (int32_t)((*r >> 8) % (unsigned)vocab);
+    }
+}
+
+/* B decoding sequences' one-token items, sampled with g into next */
+static void decode_items(kda_batch_item *it, const int *seq, int32_t *tok, int32_t *next, int B, const kda_sampling *g)
+{
+    for (int i = 0; i < B; i++)
+        it[i] = (kda_batch_item){.seq = seq[i], .tokens = &tok[i], .n_tokens = 1, .sampling = g, .sampled = &next[i]};
 }
 
 typedef struct {
@@ -129,10 +152,7 @@ static int run_prefill(kda_engine *e, bench_pt *bp, int reps, char *err, size_t 
         goto done;
     }
     unsigned r = 777;
-    for (size_t i = 0; i < (size_t)B * T; i++) {
-        r = r * 1103515245u + 12345u;
-        tok[i] = (int32_t)((r >> 8) % (unsigned)vocab);
-    }
+    rand_tokens(tok, (size_t)B * T, vocab, &r);
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++) tg[(size_t)b * T + t] = t + 1 < T ? tok[(size_t)b * T + t + 1] : -1;
     kda_prof scratch;
@@ -201,10 +221,7 @@ static int run_pair(kda_engine *e, bench_pair *bp, int steps, int fill_prefill, 
             snprintf(err, errlen, "out of memory");
             goto done;
         }
-        for (size_t i = 0; i < (size_t)B * bp->ctx; i++) {
-            r = r * 1103515245u + 12345u;
-            ctx[i] = (int32_t)((r >> 8) % (unsigned)vocab);
-        }
+        rand_tokens(ctx, (size_t)B * bp->ctx, vocab, &r);
         for (int i = 0; i < B; i++) it[i] = (kda_batch_item){.seq = seq[i], .tokens = ctx + (size_t)i * bp->ctx,
                                                              .n_tokens = bp->ctx};
         rc = kda_engine_step(e, it, B, err, errlen);
@@ -213,19 +230,14 @@ static int run_pair(kda_engine *e, bench_pair *bp, int steps, int fill_prefill, 
         if (rc) goto done;
     }
     for (int p = 0; p < bp->ctx && !fill_prefill; p++) { /* fill the context, a token per step */
-        for (int i = 0; i < B; i++) {
-            r = r * 1103515245u + 12345u;
-            tok[i] = (int32_t)((r >> 8) % (unsigned)vocab);
-            it[i] = (kda_batch_item){.seq = seq[i], .tokens = &tok[i], .n_tokens = 1};
-        }
+        rand_tokens(tok, (size_t)B, vocab, &r);
+        for (int i = 0; i < B; i++) it[i] = (kda_batch_item){.seq = seq[i], .tokens = &tok[i], .n_tokens = 1};
         if ((rc = kda_engine_step(e, it, B, err, errlen))) goto done;
     }
     double t0 = 0;
     for (int s = -4; s < steps; s++) { /* 4 warm-up steps */
         if (s == 0) t0 = now_s();
-        for (int i = 0; i < B; i++)
-            it[i] = (kda_batch_item){.seq = seq[i], .tokens = &tok[i], .n_tokens = 1, .sampling = &greedy,
-                                     .sampled = &next[i]};
+        decode_items(it, seq, tok, next, B, &greedy);
         if ((rc = kda_engine_step(e, it, B, err, errlen))) goto done;
         memcpy(tok, next, (size_t)B * sizeof *tok);
     }
@@ -254,15 +266,9 @@ static void prof_add(kda_engine *e, kda_prof *sum, int count)
 /* "B:P:T,..."; returns the count or -1 */
 static int parse_mixed(const char *s, bench_mixed *out, int max)
 {
-    int n = 0;
-    for (const char *p = s; *p;) {
-        int a, b, c, k = 0;
-        if (n == max || sscanf(p, "%d:%d:%d%n", &a, &b, &c, &k) != 3 || a < 1 || b < 1 || c < 1) return -1;
-        out[n++] = (bench_mixed){.B = a, .P = b, .T = c};
-        p += k;
-        if (*p == ',') p++;
-        else if (*p) return -1;
-    }
+    int v[32 * 3];
+    const int n = parse_tuples(s, v, 3, max < 32 ? max : 32);
+    for (int i = 0; i < n; i++) out[i] = (bench_mixed){.B = v[3 * i], .P = v[3 * i + 1], .T = v[3 * i + 2]};
     return n;
 }
 
@@ -284,8 +290,8 @@ static int run_mixed(kda_engine *e, bench_mixed *bm, int reps, char *err, size_t
         goto done;
     }
     unsigned r = 4242;
-    for (size_t i = 0; i < (size_t)B * CTX; i++) r = r * 1103515245u + 12345u, ctx[i] = (int32_t)((r >> 8) % (unsigned)vocab);
-    for (size_t i = 0; i < (size_t)P * T; i++) r = r * 1103515245u + 12345u, prm[i] = (int32_t)((r >> 8) % (unsigned)vocab);
+    rand_tokens(ctx, (size_t)B * CTX, vocab, &r);
+    rand_tokens(prm, (size_t)P * T, vocab, &r);
     for (; made < B; made++)
         if ((rc = kda_seq_new(e, &seq[made], err, errlen))) goto done;
     for (int i = 0; i < B; i++) it[i] = (kda_batch_item){.seq = seq[i], .tokens = ctx + (size_t)i * CTX, .n_tokens = CTX};
@@ -294,9 +300,7 @@ static int run_mixed(kda_engine *e, bench_mixed *bm, int reps, char *err, size_t
     for (int rep = -2; rep < reps; rep++) { /* two untimed */
         for (int j = 0; j < P; j++, made++)
             if ((rc = kda_seq_new(e, &seq[B + j], err, errlen))) goto done;
-        for (int i = 0; i < B; i++)
-            it[i] = (kda_batch_item){.seq = seq[i], .tokens = &tok[i], .n_tokens = 1, .sampling = &greedy,
-                                     .sampled = &next[i]};
+        decode_items(it, seq, tok, next, B, &greedy);
         for (int j = 0; j < P; j++)
             it[B + j] = (kda_batch_item){.seq = seq[B + j], .tokens = prm + (size_t)j * T, .n_tokens = T,
                                          .sampling = &greedy, .sampled = &next[B + j]};
@@ -309,9 +313,7 @@ static int run_mixed(kda_engine *e, bench_mixed *bm, int reps, char *err, size_t
         prof_add(e, &bm->pm, rep >= 0);
         memcpy(tok, next, (size_t)B * sizeof *tok);
         for (int j = 0; j < P; j++, made--) kda_seq_free(e, seq[B + j]);
-        for (int i = 0; i < B; i++)
-            it[i] = (kda_batch_item){.seq = seq[i], .tokens = &tok[i], .n_tokens = 1, .sampling = &greedy,
-                                     .sampled = &next[i]};
+        decode_items(it, seq, tok, next, B, &greedy);
         t0 = now_s();
         if ((rc = kda_engine_step(e, it, B, err, errlen))) goto done;
         if (rep >= 0) td[rep] = (now_s() - t0) * 1e3;
