@@ -43,3 +43,28 @@ step() {
   [ $r = 0 ] || rc=1
   echo "$name: rc=$r ($((SECONDS - t0)) s)$([ $r = 124 ] && echo ' TIMED OUT')" | tee -a "$S"
 }
+
+# run_start SKIP_WORDS: what each one-call GPU script begins with: KDA_COMMIT (the carried
+# build's), the summary file S emptied and headed by the commit and the device, rc=0,
+# STEP_BUDGET (560 s unless set), STEP_SKIP, and skip NAME (true when NAME is one of them)
+run_start() {
+  export KDA_COMMIT=${KDA_COMMIT:-$(cat .carry/commit 2>/dev/null || echo unknown)}
+  S=$OUT/summary.txt
+  : > "$S"
+  STEP_BUDGET=${STEP_BUDGET:-560}
+  STEP_SKIP=$1
+  rc=0
+  echo "commit $KDA_COMMIT; $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)" | tee -a "$S"
+}
+skip() { case " ${STEP_SKIP:-} " in *" $1 "*) return 0 ;; esac; return 1; }
+# gen_m17: the 1.7B-shaped checkpoint (random bf16, Llama-2 tokenizer) generated into $M17
+# in the background unless it is there; gen_wait waits for it
+gen_m17() {
+  gen=
+  if [ ! -f "$M17/config.json" ]; then
+    python3 scripts/gen_checkpoint.py "$M17" --preset 1.7b --tokenizer spm:.carry/llama2-tokenizer.model \
+      > "$LOG/gen.txt" 2>&1 &
+    gen=$!
+  fi
+}
+gen_wait() { [ -z "${gen:-}" ] || wait $gen; }

@@ -9,27 +9,15 @@
 #   3. scripts/bench-serve.sh at C = 64, 256 with mixed_reserve=0 and with the default.
 # KDA_MX_SKIP="tests mixed serve" skips parts. $OUT: summary.txt and the JSON files.
 source "$(dirname "$0")/gpu-env.sh"
-export KDA_COMMIT=${KDA_COMMIT:-$(cat .carry/commit 2>/dev/null || echo unknown)}
-S=$OUT/summary.txt
-: > "$S"
-STEP_BUDGET=${STEP_BUDGET:-560}
-STEP_SKIP=${KDA_MX_SKIP:-}
-skip() { case " $STEP_SKIP " in *" $1 "*) return 0 ;; esac; return 1; }
-rc=0
-echo "commit $KDA_COMMIT; $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)" | tee -a "$S"
-gen=
-if [ ! -f "$M17/config.json" ]; then
-  python3 scripts/gen_checkpoint.py "$M17" --preset 1.7b --tokenizer spm:.carry/llama2-tokenizer.model \
-    > "$LOG/gen.txt" 2>&1 &
-  gen=$!
-fi
+run_start "${KDA_MX_SKIP:-}"
+gen_m17
 if ! skip tests; then
   for t in two_streams begin_end prefill_then_decode batch_of_64; do
     step "tcm_$t" 150 "$LOG/tcm-$t.txt" env KDA_TEST_ONLY=$t $B/tests/kernels/test_cuda_model
     grep -E "PASSED|FAILED|ERROR|differ|vs alone|worst" "$LOG/tcm-$t.txt" | tail -5 >> "$S"
   done
 fi
-[ -z "$gen" ] || wait $gen
+gen_wait
 if ! skip mixed; then
   MX=${KDA_MX_POINTS:-16:1:128,64:1:128,64:2:128,64:8:128,64:1:512,256:2:128,256:4:128,256:1:1024}
   for r in ${KDA_MX_RESERVES:-0 8 16 32 48}; do

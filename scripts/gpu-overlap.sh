@@ -15,20 +15,8 @@
 #   5. scripts/bench_prefix.py (cache on vs off) unless KDA_OV_SKIP has "prefix".
 # KDA_OV_SKIP="tests ab score serve burst prefix" skips parts. $OUT: summary.txt and the JSON files.
 source "$(dirname "$0")/gpu-env.sh"
-export KDA_COMMIT=${KDA_COMMIT:-$(cat .carry/commit 2>/dev/null || echo unknown)}
-S=$OUT/summary.txt
-: > "$S"
-STEP_BUDGET=${STEP_BUDGET:-560}
-STEP_SKIP=${KDA_OV_SKIP:-}
-skip() { case " $STEP_SKIP " in *" $1 "*) return 0 ;; esac; return 1; }
-rc=0
-echo "commit $KDA_COMMIT; $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)" | tee -a "$S"
-gen=
-if [ ! -f "$M17/config.json" ]; then
-  python3 scripts/gen_checkpoint.py "$M17" --preset 1.7b --tokenizer spm:.carry/llama2-tokenizer.model \
-    > "$LOG/gen.txt" 2>&1 &
-  gen=$!
-fi
+run_start "${KDA_OV_SKIP:-}"
+gen_m17
 if ! skip tests; then
   step test_kernels 150 "$LOG/test_kernels.txt" $B/tests/kernels/test_kernels
   grep -E "PASSED|FAILED|ERROR" "$LOG/test_kernels.txt" | tail -4 >> "$S"
@@ -37,7 +25,7 @@ if ! skip tests; then
     grep -E "PASSED|FAILED|ERROR|vs alone" "$LOG/tcm-$t.txt" | tail -3 >> "$S"
   done
 fi
-[ -z "$gen" ] || wait $gen
+gen_wait
 if ! skip ab && [ -f .old.tar.xz ]; then
   python3 -c "import tarfile; tarfile.open('.old.tar.xz').extractall('.')"
   echo "old = $(cat .old/commit)" | tee -a "$S"

@@ -4,9 +4,10 @@
 # trade-off between ITL (short steps) and efficiency / TTFT (prompt rows cost less in larger steps).
 # $OUT: summary.txt, serve-step<N>.json (commit under bench/results/), logs.tgz.
 source "$(dirname "$0")/gpu-env.sh"
-export KDA_COMMIT=$(cat .carry/commit)
-S=$OUT/summary.txt; : > $S; rc=0; STEP_BUDGET=420
-python3 scripts/gen_checkpoint.py "$M17" --preset 1.7b --tokenizer spm:.carry/llama2-tokenizer.model > $LOG/gen.txt 2>&1
+STEP_BUDGET=${STEP_BUDGET:-420}
+run_start ""
+gen_m17
+gen_wait
 for st in 256 512 1024; do
   step serve_st$st 110 $LOG/serve-st$st.txt env KDA_BUILD=$B KDA_SERVE_LEVELS=64,256 \
     KDA_SERVE_FLAGS="--step-tokens $st" KDA_SERVE_NOTE="1.7B shape, random bf16, commit $KDA_COMMIT, --step-tokens $st" \
