@@ -12,6 +12,9 @@
 # Then: device run with carry [".carry.tar.xz", ".whl"] and the command
 #   bash scripts/gpu-session.sh
 set -euo pipefail
+# --old FILE: also carry FILE (an older kda-cli) as .carry/old/kda-cli (scripts/gpu-ab-bin.sh)
+OLD=
+if [ "${1:-}" = --old ]; then OLD=$(realpath "$2"); fi
 cd "$(dirname "$0")/.."
 SHARED=${KDA_SHARED:-../shared}
 [ -f build-cuda/build.ninja ] || meson setup build-cuda -Dcuda=enabled -Dbuildtype=release >/dev/null
@@ -48,6 +51,7 @@ if ! ls .whl/flash_linear_attention-0.5.2-*.whl .whl/fla_core-0.5.2-*.whl >/dev/
     --platform manylinux2014_x86_64 --platform any -d .whl flash-linear-attention==0.5.2 fla-core==0.5.2
 fi
 grep -qx '/.carry/' .gitignore && grep -qx '/.carry.tar.xz' .gitignore && grep -qx '/.whl/' .gitignore
+if [ -n "$OLD" ]; then mkdir -p .carry/old && strip -o .carry/old/kda-cli "$OLD"; fi
 tar cf - .carry | xz -9e -T2 > .carry.tar.xz
 du -sh .carry .carry.tar.xz .whl
 echo "gpu-prepare: ok (carry .carry.tar.xz .whl; run scripts/gpu-session.sh)"
