@@ -100,7 +100,7 @@ static void fill_info(kda_engine *e)
 
 void kda_tuning_defaults(kda_tuning *t)
 {
-    *t = (kda_tuning){.gemv_max_t = 4, .graphs = 1, .pdl = 1, .gemm_lt = 1, .gemm_verbose = 0, .gemm_tune_flush = 1,
+    *t = (kda_tuning){.gemv_max_t = 1, .graphs = 1, .pdl = 1, .gemm_lt = 1, .gemm_verbose = 0, .gemm_tune_flush = 1,
                       .gemm_splitk = 1, .gemm_pad = 1, .gemv_persist = 1, .gu_bf16 = 1, .attn_split = 0, .kda_stream = 16,
                       .fast_prefill = 1,
                       .mixed_pass = 1, .mixed_reserve = 32, .prefill_rows = 8192, .prof = 0, .cpu_bf16_act = 0};

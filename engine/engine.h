@@ -52,7 +52,8 @@ typedef struct kda_engine kda_engine;
  * Each field's default is the variant the H200 measurements chose
  * (bench/NOTES.md). */
 typedef struct {
-    int gemv_max_t;      /* CUDA: steps of at most this many rows use the skinny GEMV (0..8; 4) */
+    int gemv_max_t;      /* CUDA: steps of at most this many rows use the skinny GEMV (0..8; 1: at 2-4 rows
+                          * the tuned cuBLASLt GEMMs are faster, H200 decode B = 4 2.89 -> 1.95 ms/step) */
     int graphs;          /* CUDA: replay decode steps as CUDA graphs (1) */
     int pdl;             /* CUDA: programmatic dependent launch on sm_90+ (1) */
     int gemm_lt;         /* CUDA: autotuned cuBLASLt plans per decode bucket (1) */
