@@ -80,6 +80,10 @@ typedef struct {
                           * second stream beside the prompt items' chunked KDA and prefill attention, the
                           * state kernel on all SMs but this many, which stay free for the prompt items'
                           * short, latency-bound kernels (32); 0 = one stream, one after the other */
+    int short_prompt;    /* CUDA: a pass of prompt items of at most this many tokens each (at most 4x that many
+                          * rows, no decode rows) runs through the per-token kernels, which beat the
+                          * chunked ones there (H200: 1 x 8 2.46 vs 3.30 ms, 4 x 16 3.43 vs 3.90; from 32
+                          * tokens on they lose) (16); 0 = never */
     int prefill_rows;    /* CUDA: rows of one prefill pass (8192; at least the decode batch bucket) */
     int attn_prefill_variant; /* CUDA: prefill attention kernel variant 0-3 (0 = default; ops_attn_prefill.cu) */
     int kda_chunk_gemm;  /* CUDA: chunked KDA matrix arithmetic: 0 tf32, 1 3xtf32, 2 plain fp32 (kda_chunk.h) */

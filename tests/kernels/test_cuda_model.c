@@ -1255,6 +1255,85 @@ static void test_mixed_steps_on_two_streams_equal_one(void **st)
     free(one), free(two);
 }
 
+/* Short prompts alone (tuning short_prompt, default 16) take the per-token
+ * kernels instead of the chunked ones: the same function, so the logits of
+ * the prompt's last row and of the decode steps after it must agree with the
+ * chunked path (short_prompt=0) within rounding (rel L2 <= 1e-2 per row; the
+ * two paths round differently: tf32 chunk products, per-token fp32 state
+ * steps), for 1..4 items of 2..16 tokens; a 17-token item keeps the chunked
+ * path under both settings and must match bit for bit. */
+static void short_run(int sp, float *out, int n_out)
+{
+    enum { VOC = 256, DEC = 3 };
+    static const int lens[4][4] = {{2}, {5}, {16}, {16, 9, 3, 16}};
+    kda_tuning tn;
+    char err[512];
+    kda_tuning_defaults(&tn);
+    assert_int_equal(kda_tuning_from_env(&tn, err, sizeof err), 0);
+    tn.short_prompt = sp;
+    kda_engine_opts o = {.model_dir = k128_dir, .device = "cuda", .max_seqs = 8, .max_seq_len = 512,
+                         .gpu_mem_fraction = 0.5, .tuning = &tn};
+    kda_engine *e = NULL;
+    assert_int_equal(kda_engine_open(&e, &o, err, sizeof err), 0);
+    kt_rng = 0x5107;
+    static int32_t toks[4][32];
+    rand_tokens(&toks[0][0], 4 * 32, VOC);
+    kda_sampling g = {.temperature = 0};
+    int k = 0;
+    for (int c = 0; c < 5; c++) {
+        int n = 0, seq[4];
+        int32_t next[4];
+        kda_batch_item it[4];
+        for (int i = 0; i < 4; i++) {
+            const int len = c == 4 ? (i == 0 ? 17 : 0) : lens[c][i];
+            if (!len) continue;
+            assert_int_equal(kda_seq_new(e, &seq[n], err, sizeof err), 0);
+            assert_true(k + VOC <= n_out);
+            it[n] = (kda_batch_item){.seq = seq[n], .tokens = toks[i], .n_tokens = len, .sampling = &g,
+                                     .sampled = &next[n], .logits = out + k};
+            k += VOC, n++;
+        }
+        assert_int_equal(kda_engine_step(e, it, n, err, sizeof err), 0);
+        for (int s = 0; s < DEC; s++) {
+            for (int i = 0; i < n; i++) {
+                assert_true(k + VOC <= n_out);
+                it[i] = (kda_batch_item){.seq = seq[i], .tokens = &next[i], .n_tokens = 1, .sampling = &g,
+                                         .sampled = &next[i], .logits = out + k};
+                k += VOC;
+            }
+            assert_int_equal(kda_engine_step(e, it, n, err, sizeof err), 0);
+        }
+        for (int i = 0; i < n; i++) kda_seq_free(e, seq[i]);
+    }
+    assert_int_equal(k, n_out);
+    kda_engine_close(e);
+}
+
+static void test_short_prompts_per_token_match_chunked(void **st)
+{
+    (void)st;
+    enum { VOC = 256, ROWS = (1 + 1 + 1 + 4 + 1) * 4 }; /* items x (prompt + 3 decode steps) */
+    float *a = malloc(ROWS * VOC * 4), *b = malloc(ROWS * VOC * 4);
+    short_run(16, a, ROWS * VOC);
+    short_run(0, b, ROWS * VOC);
+    double worst = 0;
+    const int chunked0 = (1 + 1 + 1 + 4) * 4; /* the rows of the 17-token case */
+    for (int r = 0; r < ROWS; r++) {
+        double d2 = 0, n2 = 0;
+        for (int v = 0; v < VOC; v++) {
+            const double x = a[r * VOC + v], y = b[r * VOC + v];
+            assert_true(isfinite(x) && isfinite(y));
+            d2 += (x - y) * (x - y), n2 += y * y;
+        }
+        const double rel = sqrt(d2 / (n2 > 0 ? n2 : 1));
+        if (r < chunked0 && rel > worst) worst = rel;
+        if (r >= chunked0) assert_memory_equal(a + r * VOC, b + r * VOC, VOC * 4);
+    }
+    printf("short prompts, per-token vs chunked: worst rel L2 %.2e over %d rows\n", worst, chunked0);
+    assert_true(worst <= 1e-2);
+    free(a), free(b);
+}
+
 int main(void)
 {
     kt_skip_without_gpu();
@@ -1289,6 +1368,7 @@ int main(void)
         cmocka_unit_test(test_fla_fixtures_match_cpu_one_step_and_stepped),
         cmocka_unit_test(test_step_begin_end_equals_step),
         cmocka_unit_test(test_mixed_steps_on_two_streams_equal_one),
+        cmocka_unit_test(test_short_prompts_per_token_match_chunked),
     };
     /* KDA_TEST_ONLY=SUBSTRING runs only the tests whose name contains it */
     const char *only = getenv("KDA_TEST_ONLY");
