@@ -1257,11 +1257,15 @@ static void test_mixed_steps_on_two_streams_equal_one(void **st)
 
 /* Short prompts alone (tuning short_prompt, default 16) take the per-token
  * kernels instead of the chunked ones: the same function, so the logits of
- * the prompt's last row and of the decode steps after it must agree with the
- * chunked path (short_prompt=0) within rounding (rel L2 <= 1e-2 per row; the
- * two paths round differently: tf32 chunk products, per-token fp32 state
- * steps), for 1..4 items of 2..16 tokens; a 17-token item keeps the chunked
- * path under both settings and must match bit for bit. */
+ * the prompt's last row and of three decode steps after it (fixed tokens:
+ * with sampled ones a greedy flip between near-equal logits of this random
+ * model changes the input, which measured 1.02 on the rows after it) must
+ * agree with the chunked path (short_prompt=0) within the MODEL_SPEC 7
+ * budget, rel L2 <= 5e-2 per row (measured 1.4-2.1e-2: the two paths round
+ * differently, tf32 chunk products against per-token fp32 state steps; a
+ * wrong state or a lost token is O(1)), for 1..4 items of 2..16 tokens; a
+ * 17-token item keeps the chunked path under both settings and must match
+ * bit for bit. */
 static void short_run(int sp, float *out, int n_out)
 {
     enum { VOC = 256, DEC = 3 };
@@ -1297,8 +1301,8 @@ static void short_run(int sp, float *out, int n_out)
         for (int s = 0; s < DEC; s++) {
             for (int i = 0; i < n; i++) {
                 assert_true(k + VOC <= n_out);
-                it[i] = (kda_batch_item){.seq = seq[i], .tokens = &next[i], .n_tokens = 1, .sampling = &g,
-                                         .sampled = &next[i], .logits = out + k};
+                it[i] = (kda_batch_item){.seq = seq[i], .tokens = &toks[3 - i][20 + s], .n_tokens = 1,
+                                         .logits = out + k};
                 k += VOC;
             }
             assert_int_equal(kda_engine_step(e, it, n, err, sizeof err), 0);
@@ -1326,11 +1330,12 @@ static void test_short_prompts_per_token_match_chunked(void **st)
             d2 += (x - y) * (x - y), n2 += y * y;
         }
         const double rel = sqrt(d2 / (n2 > 0 ? n2 : 1));
+        if (getenv("KDA_TEST_DIAG")) printf("row %d rel %.3e\n", r, rel);
         if (r < chunked0 && rel > worst) worst = rel;
         if (r >= chunked0) assert_memory_equal(a + r * VOC, b + r * VOC, VOC * 4);
     }
     printf("short prompts, per-token vs chunked: worst rel L2 %.2e over %d rows\n", worst, chunked0);
-    assert_true(worst <= 1e-2);
+    assert_true(worst <= 5e-2);
     free(a), free(b);
 }
 
