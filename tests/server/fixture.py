@@ -160,6 +160,10 @@ class Server:
     def __exit__(self, *exc):
         if self.proc.poll() is None:
             self.stop()
+        elif exc and exc[0] is not None:
+            # the server had died under the test: its exit status and log say why
+            sys.stderr.write(f"kda-server exited with status {self.proc.returncode} during the test; its log:\n"
+                             + self.log()[-4000:] + "\n")
 
 
 def metric(text, name, labels=None):
