@@ -302,6 +302,18 @@ int cu_step(backend *bb, const step_item *items, int n, char *err, size_t errlen
     return rc ? rc : cu_step_end(bb, err, errlen);
 }
 
+/* A pass of a few short prompts alone (tuning short_prompt: every item at
+ * most that many tokens, at most 4x that many rows, no decode rows) runs
+ * through the per-token kernels, which beat the chunked ones there. */
+static int short_pass(const cuda_backend *b, int T, int ni, int n_dec)
+{
+    const int sp = b->tn.short_prompt;
+    if (n_dec || T > 4 * sp || T > b->d.TM) return 0;
+    for (int k = 0; k < ni; k++)
+        if (b->hm.item_ntok[k] > sp) return 0;
+    return 1;
+}
+
 static int step(cuda_backend *b, const step_item *items, int n, char *err, size_t errlen)
 {
     const cp_dims *d = &b->d;
@@ -350,10 +362,7 @@ static int step(cuda_backend *b, const step_item *items, int n, char *err, size_
         for (int i = 0; i < n && !more; i++) more = b->done[i] < items[i].it->n_tokens;
         if ((rc = cu_upload_meta(b, err, errlen))) return rc;
         /* the first pass packs the n_dec one-token items first (n_dec <= TM <= PM) */
-        /* a few short prompts alone (tuning short_prompt): the per-token kernels */
-        int short_pass = b->fast_prefill && n_dec == 0 && T <= 4 * b->tn.short_prompt && T <= d->TM;
-        for (int k = 0; short_pass && k < ni; k++) short_pass = b->hm.item_ntok[k] <= b->tn.short_prompt;
-        rc = b->fast_prefill && !short_pass ? cu_forward_prefill(b, T, ni, n_dec, ctx, err, errlen)
+        rc = b->fast_prefill && !short_pass(b, T, ni, n_dec) ? cu_forward_prefill(b, T, ni, n_dec, ctx, err, errlen)
                              : cu_forward(b, T, ni, cu_attn_split(b, T), err, errlen);
         n_dec = 0;
         for (int k0 = 0; !rc && k0 < no; k0 += d->TM) {
