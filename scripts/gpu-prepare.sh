@@ -12,9 +12,18 @@
 # Then: device run with carry [".carry.tar.xz", ".whl"] and the command
 #   bash scripts/gpu-session.sh
 set -euo pipefail
-# --old FILE: also carry FILE (an older kda-cli) as .carry/old/kda-cli (scripts/gpu-ab-bin.sh)
-OLD=
-if [ "${1:-}" = --old ]; then OLD=$(realpath "$2"); fi
+# --old FILE: also carry FILE (an older kda-cli) as .carry/old/kda-cli (scripts/gpu-ab-bin.sh);
+# --old-chunk-test FILE: an older test_kda_chunk as .carry/old/test_kda_chunk (gpu-kda-chunk-ab.sh)
+OLD= OLDT=
+while [ $# -ge 2 ]; do
+  case $1 in
+    --old) OLD=$(realpath "$2") ;;
+    --old-chunk-test) OLDT=$(realpath "$2") ;;
+    *) echo "gpu-prepare: unknown option $1" >&2; exit 2 ;;
+  esac
+  shift 2
+done
+[ $# = 0 ] || { echo "gpu-prepare: usage: gpu-prepare.sh [--old KDA_CLI] [--old-chunk-test TEST_KDA_CHUNK]" >&2; exit 2; }
 cd "$(dirname "$0")/.."
 SHARED=${KDA_SHARED:-../shared}
 [ -f build-cuda/build.ninja ] || meson setup build-cuda -Dcuda=enabled -Dbuildtype=release >/dev/null
@@ -52,6 +61,7 @@ if ! ls .whl/flash_linear_attention-0.5.2-*.whl .whl/fla_core-0.5.2-*.whl >/dev/
 fi
 grep -qx '/.carry/' .gitignore && grep -qx '/.carry.tar.xz' .gitignore && grep -qx '/.whl/' .gitignore
 if [ -n "$OLD" ]; then mkdir -p .carry/old && strip -o .carry/old/kda-cli "$OLD"; fi
+if [ -n "$OLDT" ]; then mkdir -p .carry/old && strip -o .carry/old/test_kda_chunk "$OLDT"; fi
 tar cf - .carry | xz -9e -T2 > .carry.tar.xz
 du -sh .carry .carry.tar.xz .whl
 echo "gpu-prepare: ok (carry .carry.tar.xz .whl; run scripts/gpu-session.sh)"
