@@ -301,6 +301,74 @@ static __device__ __forceinline__ void mma_tf32_16x8x8(float c[4], const uint32_
 #endif
 }
 
+/* The tf32 tile on mma.sync m16n8k8 (two n-halves of 8 columns), operands
+ * read from shared memory by each lane in the PTX fragment layout and rounded
+ * by cvt.rna, as wmma::__float_to_tf32 rounds them. Against wmma's
+ * load_matrix_sync (generic 64-bit loads, one address per element) this
+ * issues a shared load per element at a constant offset: in the intra stage
+ * the fragment handling was ~a third of the kernel's instructions (ncu,
+ * 1 x 2048). Lane 4 g + t holds C(g | g + 8, 8 j + 2 t | + 1) in c[j]. */
+template <> struct Acc<KC_KDA_GEMM_TF32> {
+    float c[2][4];
+    __device__ __forceinline__ void zero()
+    {
+#pragma unroll
+        for (int j = 0; j < 2; j++) c[j][0] = c[j][1] = c[j][2] = c[j][3] = 0.0f;
+    }
+    __device__ __forceinline__ void load(const float *p, int ld)
+    {
+        const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+        __syncwarp();
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            const float2 lo = *(const float2 *)(p + g * ld + 8 * j + 2 * t), hi = *(const float2 *)(p + (g + 8) * ld + 8 * j + 2 * t);
+            c[j][0] = lo.x, c[j][1] = lo.y, c[j][2] = hi.x, c[j][3] = hi.y;
+        }
+    }
+    __device__ __forceinline__ void store(float *p, int ld) const
+    {
+        const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+        __syncwarp();
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            *(float2 *)(p + g * ld + 8 * j + 2 * t) = make_float2(c[j][0], c[j][1]);
+            *(float2 *)(p + (g + 8) * ld + 8 * j + 2 * t) = make_float2(c[j][2], c[j][3]);
+        }
+        __syncwarp();
+    }
+    __device__ __forceinline__ void add(const float *p, int ld)
+    {
+        const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+        __syncwarp();
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            const float2 lo = *(const float2 *)(p + g * ld + 8 * j + 2 * t), hi = *(const float2 *)(p + (g + 8) * ld + 8 * j + 2 * t);
+            c[j][0] += lo.x, c[j][1] += lo.y, c[j][2] += hi.x, c[j][3] += hi.y;
+        }
+    }
+    template <bool A_ROW, bool B_ROW>
+    __device__ __forceinline__ void mma(const float *A, int lda, const float *B, int ldb, int kdim, bool neg)
+    {
+        const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+        /* A(g, t), A(g + 8, t), A(g, t + 4), A(g + 8, t + 4); B(t, n), B(t + 4, n) for n = 8 j + g */
+        const float *Ap = A_ROW ? A + g * lda + t : A + t * lda + g;
+        const int a1 = A_ROW ? 8 * lda : 8, a2 = A_ROW ? 4 : 4 * lda, ak = A_ROW ? 8 : 8 * lda;
+        const float *Bp = B_ROW ? B + t * ldb + g : B + g * ldb + t;
+        const int b1 = B_ROW ? 4 * ldb : 4, bj = B_ROW ? 8 : 8 * ldb, bk = B_ROW ? 8 * ldb : 8;
+        for (int k0 = 0; k0 < kdim; k0 += 8, Ap += ak, Bp += bk) {
+            float x[4] = {Ap[0], Ap[a1], Ap[a2], Ap[a1 + a2]};
+            uint32_t af[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) af[i] = tf32_round(neg ? -x[i] : x[i]);
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                const uint32_t bf[2] = {tf32_round(Bp[j * bj]), tf32_round(Bp[j * bj + b1])};
+                mma_tf32_16x8x8(c[j], af, bf);
+            }
+        }
+    }
+};
+
 static __device__ __forceinline__ int log2i(int x) /* x a power of two */
 {
     int r = 0;
