@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Run ON THE GPU MACHINE (after scripts/gpu-prepare.sh here; carry [".carry.tar.xz", ".whl"]):
+# the device time of every kernel of whole-model passes, from Nsight Compute's
+# gpu__time_duration (each kernel replayed alone: no overlap, no launch gaps), grouped by
+# kernel name. What prof=1's buckets cannot say: which kernel inside "attention" or "other"
+# takes the time, and how far each is from its isolated benchmark.
+#   KDA_NCU_BENCH  kda-cli bench options (default: one score 1 x 8192 pass after the warm-up)
+#   KDA_NCU_COUNT  kernels profiled (default 1500: the warm-up and timed passes of one point)
+# $OUT: ncu-pass.txt (per kernel name: launches, total ms, mean us, share), ncu-pass.csv.
+source "$(dirname "$0")/gpu-env.sh"
+run_start ""
+[ -f "$M17/config.json" ] || gen_m17
+gen_wait
+NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
+NB=${KDA_NCU_BENCH:-"--pairs \"\" --no-kernels --score 1:8192 --reps 1"}
+step ncu ${KDA_NCU_TIMEOUT:-400} "$LOG/ncu.csv" "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
+  --launch-count ${KDA_NCU_COUNT:-1500} bash -c "exec $B/cli/kda-cli bench \"$M17\" $NB"
+cp "$LOG/ncu.csv" "$OUT/ncu-pass.csv"
+python3 - "$LOG/ncu.csv" "$OUT/ncu-pass.txt" "$NB" <<'EOF'
+import csv, sys, collections, re
+rows = [l for l in open(sys.argv[1]) if l.startswith('"')]
+tot = collections.defaultdict(float); cnt = collections.Counter()
+for r in csv.DictReader(rows):
+    if r.get("Metric Name") != "gpu__time_duration.sum": continue
+    name = re.sub(r"\(.*", "", r["Kernel Name"]).strip()[:90]
+    tot[name] += float(r["Metric Value"].replace(",", "")) * 1e-6; cnt[name] += 1  # ns -> ms
+all_ms = sum(tot.values())
+with open(sys.argv[2], "w") as f:
+    f.write("# bench %s; %d launches, %.2f ms of kernel time (warm-up and timed passes together)\n"
+            % (sys.argv[3], sum(cnt.values()), all_ms))
+    f.write("%-90s %7s %10s %10s %6s\n" % ("kernel", "count", "total ms", "mean us", "share"))
+    for n in sorted(tot, key=lambda n: -tot[n]):
+        f.write("%-90s %7d %10.3f %10.2f %5.1f%%\n" % (n, cnt[n], tot[n], 1e3 * tot[n] / cnt[n], 100 * tot[n] / all_ms))
+print(open(sys.argv[2]).read())
+EOF
+cat "$S"
+exit $rc
