@@ -762,15 +762,22 @@ static void test_prefix_restore_matches_uncached_and_cpu(void **st)
         px_feed(gpu, r, px_toks, m, n, got);
         const double vs_gpu = px_worst_rel(got, ref + (size_t)m * PX_VOC, n - m);
         const double vs_cpu = px_worst_rel(got, lc + (size_t)m * PX_VOC, n - m);
+        const double ref_cpu = px_worst_rel(ref + (size_t)m * PX_VOC, lc + (size_t)m * PX_VOC, n - m);
         int agree = 0;
         for (int t = 0; t < n - m; t++) agree += px_argmax(got + (size_t)t * PX_VOC) == px_argmax(lc + (size_t)(m + t) * PX_VOC);
         px_greedy_from(gpu, r, px_argmax(got + (size_t)(n - m - 1) * PX_VOC), 32, g_got);
         kda_seq_free(gpu, r);
         kda_snapshot_drop(gpu, snap);
-        printf("restore at %3d: vs uncached GPU worst rel L2 %.2e, vs CPU fp32 %.2e (bf16 storage alone %.2e), "
-               "top-1 %d/%d, greedy %s\n",
-               m, vs_gpu, vs_cpu, bf16_alone, agree, n - m, memcmp(g_ref, g_got, sizeof g_ref) ? "DIFFERS" : "same");
-        assert_true(vs_gpu <= bf16_alone + 1e-3);
+        printf("restore at %3d: vs uncached GPU worst rel L2 %.2e, vs CPU fp32 %.2e (uncached GPU %.2e, bf16 storage "
+               "alone %.2e), top-1 %d/%d, greedy %s\n",
+               m, vs_gpu, vs_cpu, ref_cpu, bf16_alone, agree, n - m, memcmp(g_ref, g_got, sizeof g_ref) ? "DIFFERS" : "same");
+        /* The restored and the uncached run round to bf16 at different step boundaries:
+         * two realizations of the storage noise, each up to bf16_alone from fp32, so
+         * they may differ by twice that (a wrong state or conv tail moves logits by
+         * ~1e-1). bf16_alone + 1e-3 was tighter than that and failed at 5.4e-3 (bound
+         * 4.5e-3) when the prompt pass's RMSNorm reordered its fp32 sum of squares,
+         * with the restored run still 4.0e-3 from the CPU in fp32. */
+        assert_true(vs_gpu <= 2 * bf16_alone);
         assert_true(vs_cpu <= 1e-2);
         assert_true(agree >= 0.99 * (n - m));
         assert_memory_equal(g_ref, g_got, sizeof g_ref);

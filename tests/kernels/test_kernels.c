@@ -20,8 +20,10 @@
 static void test_rmsnorm_matches_reference(void **st)
 {
     (void)st;
-    const int shapes[][2] = {{1, 64}, {5, 2048}, {33, 136}};
-    for (int s = 0; s < 3; s++) {
+    /* D 64 / 136 / 1000 / 2048 / 3000: the 16-byte kernel with 1, 1, 1, 2 and 4 float4s a
+     * thread; 130 and 4100: the scalar one (D % 4 != 0, D > 4096) */
+    const int shapes[][2] = {{1, 64}, {5, 2048}, {33, 136}, {7, 1000}, {3, 3000}, {4, 130}, {2, 4100}};
+    for (int s = 0; s < 7; s++) {
         const int T = shapes[s][0], D = shapes[s][1];
         float *x = malloc((size_t)T * D * 4), *w = malloc((size_t)D * 4), *ref = malloc((size_t)T * D * 4);
         kt_fill(x, (size_t)T * D, 2.0f);
@@ -36,7 +38,7 @@ static void test_rmsnorm_matches_reference(void **st)
         float *got = kt_get_bf16(dout, (size_t)T * D);
         double e = kt_rel(got, ref, (size_t)T * D);
         printf("rmsnorm T=%d D=%d rel %.2e\n", T, D, e);
-        assert_true(e < 1e-2);
+        assert_true(e < 3e-3); /* bf16 output: each element within 2^-9 relative */
         free(x), free(w), free(ref), free(got);
         cudaFree(dx), cudaFree(dw), cudaFree(dr), cudaFree(dout);
     }
