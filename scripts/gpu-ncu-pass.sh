@@ -11,7 +11,7 @@
 # $OUT: ncu-pass.txt (per kernel name: launches, total ms, mean us, share), ncu-pass.csv.
 source "$(dirname "$0")/gpu-env.sh"
 run_start ""
-[ -f "$M17/config.json" ] || gen_m17
+gen_m17 # generates only when $M17 is absent
 gen_wait
 NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
 NB=${KDA_NCU_BENCH:-"--pairs \"\" --no-kernels --score 1:8192 --reps 1"}
