@@ -246,6 +246,40 @@ void kc_emu_mma_m16n8k8(float c[4], const uint32_t a[4], const uint32_t b[2])
     }
     yield_as(AT_WARP); /* the deposits stay until every lane has read them */
 }
+/* mma.sync.m16n8k16 .bf16 (PTX fragment layout: lane 4 g + t holds A rows
+ * g, g + 8 at k 2t, 2t + 1 (regs 0, 1) and k 2t + 8, 2t + 9 (regs 2, 3), low
+ * half first; B column g at k 2t, 2t + 1 and 2t + 8, 2t + 9; C as m16n8k8):
+ * products exact in fp32 (bf16 x bf16), summed in k order */
+void kc_emu_mma_m16n8k16_bf16(float c[4], const uint32_t a[4], const uint32_t b[2])
+{
+    static float A[32][16][16], B[32][16][8]; /* per warp */
+    const int w = cur >> 5, l = cur & 31, g = l >> 2, t = l & 3;
+    auto lo = [](uint32_t u) {
+        const uint32_t v = u << 16;
+        float x;
+        memcpy(&x, &v, 4);
+        return x;
+    };
+    auto hi = [](uint32_t u) {
+        const uint32_t v = u & 0xffff0000u;
+        float x;
+        memcpy(&x, &v, 4);
+        return x;
+    };
+    for (int h = 0; h < 2; h++) { /* h = 1: k + 8 */
+        A[w][g][2 * t + 8 * h] = lo(a[2 * h]), A[w][g][2 * t + 1 + 8 * h] = hi(a[2 * h]);
+        A[w][g + 8][2 * t + 8 * h] = lo(a[2 * h + 1]), A[w][g + 8][2 * t + 1 + 8 * h] = hi(a[2 * h + 1]);
+        B[w][2 * t + 8 * h][g] = lo(b[h]), B[w][2 * t + 1 + 8 * h][g] = hi(b[h]);
+    }
+    yield_as(AT_WARP);
+    for (int i = 0; i < 4; i++) {
+        const int r = g + (i >> 1) * 8, n = 2 * t + (i & 1);
+        float s = c[i];
+        for (int k = 0; k < 16; k++) s = fmaf(A[w][r][k], B[w][k][n], s);
+        c[i] = s;
+    }
+    yield_as(AT_WARP);
+}
 uint64_t kc_emu_warp_exchange(uint64_t v, int src)
 {
     const int w = cur >> 5;
