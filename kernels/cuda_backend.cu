@@ -302,8 +302,7 @@ static int host_buffers(cuda_backend *b, char *err, size_t errlen)
 static void tune_gemms(cuda_backend *b)
 {
     const cp_dims *d = &b->d;
-    b->glt = kc_gemm_lt_create(CP_CUBLAS_WS, b->cublas_ws, b->tn.gemm_verbose, b->tn.gemm_tune_flush, b->tn.gemm_splitk,
-                                b->tn.gemm_skinny);
+    b->glt = kc_gemm_lt_create(CP_CUBLAS_WS, b->cublas_ws, b->tn.gemm_verbose, b->tn.gemm_tune_flush, b->tn.gemm_splitk);
     if (!b->glt) return;
     const int D = d->D, F = d->F, TM = d->TM;
     int rc = kc_gemm_lt_fill_bf16(b->xn, (size_t)TM * D, 1u, b->st);

@@ -13,11 +13,9 @@
  * memory; bf16 travels as uint16_t.
  *
  * Options at create (engine.h kda_tuning gemm_verbose / gemm_tune_flush /
- * gemm_splitk / gemm_skinny): verbose prints one line per tuned shape
- * (stderr); flush_l2 = 0 times without flushing L2 between repetitions;
- * splitk = 0 times only the heuristic's own candidates (no extra split-K
- * variants); skinny = 0 leaves out the skinny tensor-core GEMM of
- * skinny_gemm.h (T <= 64), which is otherwise timed at split-K 1..16.
+ * gemm_splitk): verbose prints one line per tuned shape (stderr); flush_l2 = 0
+ * times without flushing L2 between repetitions; splitk = 0 times only the
+ * heuristic's own candidates (no extra split-K variants).
  */
 #ifndef KDA_CUDA_GEMM_H
 #define KDA_CUDA_GEMM_H
@@ -38,8 +36,7 @@ typedef struct kc_gemm_lt kc_gemm_lt;
  * aligned, kept alive until destroy. It may be the cuBLAS handle's workspace
  * when both libraries only run on one stream (stream order keeps them apart).
  * Returns NULL on failure. */
-kc_gemm_lt *kc_gemm_lt_create(size_t workspace_bytes, void *workspace, int verbose, int flush_l2, int splitk,
-                              int skinny);
+kc_gemm_lt *kc_gemm_lt_create(size_t workspace_bytes, void *workspace, int verbose, int flush_l2, int splitk);
 void kc_gemm_lt_destroy(kc_gemm_lt *g);
 
 /* Tune (T, N, K, ldx, ldy, beta): times up to 16 cublasLt heuristic candidates
@@ -52,15 +49,14 @@ void kc_gemm_lt_destroy(kc_gemm_lt *g);
  * timing and a meaningful check fill x with kc_gemm_lt_fill_bf16 first).
  * CLOBBERS y (every candidate writes it, beta = 1 accumulates many times).
  * Synchronises s; allocates (an L2-flush buffer, kept until destroy or
- * kc_gemm_lt_release_scratch; at the first call the skinny GEMM's 32 MiB
- * split-K scratch, kept until destroy). Must NOT be called during stream capture.
+ * kc_gemm_lt_release_scratch). Must NOT be called during stream capture.
  * Returns 0, -1 (bad arguments or cache full), -7 (CUDA / cuBLAS error). */
 int kc_gemm_lt_tune(kc_gemm_lt *g, void *cublas_handle, float *y, int ldy, const uint16_t *x, int ldx,
                     const uint16_t *W, int T, int N, int K, float beta, cudaStream_t s);
 
-/* Run: if a plan for (T, N, K, ldx, ldy, beta) is cached, one
- * cublasLtMatmul with it (or the skinny GEMM's kernel) on s (graph-capture
- * safe: no allocation, no sync, the fixed workspaces) and return 0. Return 1 (nothing launched) when no plan
+/* Run: if a cublasLt plan for (T, N, K, ldx, ldy, beta) is cached, one
+ * cublasLtMatmul with it on s (graph-capture safe: no allocation, no sync,
+ * the fixed workspace) and return 0. Return 1 (nothing launched) when no plan
  * is cached, when tuning found the cublasGemmEx default faster, or when a
  * pointer is less aligned than the tuned buffers were: the caller then calls
  * kc_gemm. -7 when cublasLtMatmul fails. T <= 0: 0. */

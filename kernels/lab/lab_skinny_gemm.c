@@ -1,7 +1,8 @@
 /*
- * test_skinny.c - the skinny decode GEMM (kernels/skinny_gemm.h) against a
- * float64 reference on random bf16 inputs, on the GPU (exit 77 without one)
- * and, built with -DKC_EMU, on the CPU emulator of emu/ (small shapes).
+ * lab_skinny_gemm.c - kernel lab: the skinny decode GEMM (skinny_gemm.h)
+ * against a float64 reference on random bf16 inputs, on the GPU (exit 77
+ * without one) and, built with -DKC_EMU, on the CPU emulator of
+ * tests/kernels/emu (small shapes; meson test skinny_emu).
  *
  * Every case (T rows, [N, K] weight, split ks, output mode store / add / bf16)
  * runs on buffers with padding (ldx > K, ldy > N, rows past T) poisoned with
@@ -16,12 +17,17 @@
  *   a second run     bitwise equal to the first (deterministic split-K);
  * and that unsupported arguments launch nothing and return 1.
  *
- *   test_skinny            the cases (KDA_SKINNY_TEST_QUICK=1: the small shapes only,
- *                          for compute-sanitizer)
- *   test_skinny --bench    the decode shapes of DM-KDAGQA-1.7B at T = 8..64:
- *                          each ks, the best, cublasGemmEx, as time and as a
- *                          fraction of the copy bandwidth measured in the same
- *                          run (L2 flushed before every timed call)
+ *   lab_skinny_gemm          the cases (KDA_SKINNY_TEST_QUICK=1: the small shapes
+ *                            only, for compute-sanitizer)
+ *   lab_skinny_gemm --bench  the decode GEMM shapes of DM-KDAGQA-1.7B at T = 2..64:
+ *     isolated: every (rows, ks) of the kernel, the best, cublasGemmEx and the
+ *       production path (the cuBLASLt plan kc_gemm_lt_tune picks, as the
+ *       backend does), each call alone with L2 flushed before it (memset);
+ *     sequence: 24 copies of the weight multiplied back to back in one CUDA
+ *       graph (cold by construction, as a decode step meets them; no flush),
+ *       the kernel at its best isolated (rows, ks) with PDL on against the
+ *       production path: microseconds per GEMM;
+ *   all as time and as a fraction of the copy bandwidth measured in the same run.
  */
 #include <math.h>
 #include <stdint.h>
@@ -39,6 +45,7 @@
 
 #include "cuda_gemm.h"
 #include "cuda_ops.h"
+#include "cuda_plan.h"
 #endif
 
 static int g_fail, g_cases;
@@ -80,8 +87,8 @@ typedef struct {
 enum { M_STORE, M_ADD, M_BF16 };
 static const char *mode_name[] = {"store", "add", "bf16"};
 
-/* one (T, ks, mode) on problem p with reference ref/mag (T rows) */
-static void run_case(problem *p, int T, int ks, int mode, const double *ref, const double *mag)
+/* one (T, ks, block rows, mode) on problem p with reference ref/mag (T rows) */
+static void run_case(problem *p, int T, int ks, int rows_blk, int mode, const double *ref, const double *mag)
 {
     g_cases++;
     const int N = p->N, ldy = p->ldy, rows = p->Tpad;
@@ -98,11 +105,11 @@ static void run_case(problem *p, int T, int ks, int mode, const double *ref, con
     int rc1 = -99, rc2 = -99;
     KT_CK(cudaMemcpy(p->dy, y0, ny * es, cudaMemcpyHostToDevice));
     rc1 = kc_gemm_skinny(p->dy, mode == M_BF16, ldy, p->dx, p->ldx, p->dW, T, N, p->K, mode == M_ADD ? 1.0f : 0.0f,
-                         ks, p->ws, p->cnt, 0);
+                         ks, rows_blk, p->ws, p->cnt, 0);
     kt_get(y1, p->dy, ny * es);
     KT_CK(cudaMemcpy(p->dy, y0, ny * es, cudaMemcpyHostToDevice));
     rc2 = kc_gemm_skinny(p->dy, mode == M_BF16, ldy, p->dx, p->ldx, p->dW, T, N, p->K, mode == M_ADD ? 1.0f : 0.0f,
-                         ks, p->ws, p->cnt, 0);
+                         ks, rows_blk, p->ws, p->cnt, 0);
     kt_get(y2, p->dy, ny * es);
     int cnt_bad = 0;
     const int nc = kc_skinny_cnt_len(N);
@@ -139,8 +146,8 @@ static void run_case(problem *p, int T, int ks, int mode, const double *ref, con
         }
     const int nondet = memcmp(y1, y2, ny * es) != 0;
     const int ok = rc1 == 0 && rc2 == 0 && !bad && !pad_bad && !nondet && !cnt_bad;
-    printf("%s T=%2d N=%5d K=%4d ldx=%4d ldy=%5d ks=%2d %-5s: worst err/tol %.3f%s%s%s%s\n", ok ? "ok  " : "FAIL", T,
-           N, p->K, p->ldx, ldy, ks, mode_name[mode], worst, bad ? " VALUES" : "", pad_bad ? " PADDING" : "",
+    printf("%s T=%2d N=%5d K=%4d ldx=%4d ldy=%5d ks=%2d rows=%3d %-5s: worst err/tol %.3f%s%s%s%s\n",
+           ok ? "ok  " : "FAIL", T, N, p->K, p->ldx, ldy, ks, rows_blk, mode_name[mode], worst, bad ? " VALUES" : "", pad_bad ? " PADDING" : "",
            nondet ? " NONDETERMINISTIC" : "", cnt_bad ? " COUNTERS" : "");
     if (!ok) {
         g_fail++;
@@ -187,8 +194,9 @@ static void run_shape(int N, int K, int ldx_extra, int ldy_extra, const int *Ts,
     reference(p.W, p.x, p.ldx, Tmax, N, K, ref, mag); /* row t of the reference does not depend on T */
     for (int i = 0; i < nT; i++)
         for (int j = 0; j < nks; j++) {
-            if (kss[j] > K / 32) continue;
-            for (int m = 0; m < 3; m++) run_case(&p, Ts[i], kss[j], m, ref, mag);
+            if (kss[j] > K / 128) continue;
+            for (int rw = 64; rw <= 128; rw += 64)
+                for (int m = 0; m < 3; m++) run_case(&p, Ts[i], kss[j], rw, m, ref, mag);
         }
     free(ref), free(mag);
     problem_free(&p);
@@ -198,35 +206,36 @@ static void run_shape(int N, int K, int ldx_extra, int ldy_extra, const int *Ts,
 static void check_rejects(void)
 {
     problem p;
-    problem_init(&p, 100, 64, 8, 0, 8, 2);
+    problem_init(&p, 100, 256, 8, 0, 8, 2);
     const size_t ny = (size_t)p.Tpad * p.ldy;
     KT_CK(cudaMemset(p.dy, 0xFF, ny * 4));
     struct {
         const char *what;
-        int T, K, ldx, ks, xoff;
+        int T, K, ldx, ks, rows, xoff;
         float beta;
         int ybf;
     } c[] = {
-        {"T = 0", 0, 64, 72, 1, 0, 0.0f, 0},
-        {"T = 65", 65, 64, 72, 1, 0, 0.0f, 0},
-        {"K % 32", 8, 48, 72, 1, 0, 0.0f, 0},
-        {"ldx % 8", 8, 64, 68, 1, 0, 0.0f, 0},
-        {"x misaligned", 8, 64, 72, 1, 1, 0.0f, 0},
-        {"ks > K / 32", 8, 64, 72, 3, 0, 0.0f, 0},
-        {"beta 0.5", 8, 64, 72, 1, 0, 0.5f, 0},
-        {"bf16 with beta 1", 8, 64, 72, 1, 0, 1.0f, 1},
+        {"T = 0", 0, 128, 136, 1, 64, 0, 0.0f, 0},
+        {"T = 65", 65, 128, 136, 1, 64, 0, 0.0f, 0},
+        {"K % 128", 8, 192, 200, 1, 64, 0, 0.0f, 0},
+        {"ldx % 8", 8, 128, 132, 1, 64, 0, 0.0f, 0},
+        {"x misaligned", 8, 128, 136, 1, 64, 1, 0.0f, 0},
+        {"ks > K / 128", 8, 128, 136, 2, 64, 0, 0.0f, 0},
+        {"rows 96", 8, 128, 136, 1, 96, 0, 0.0f, 0},
+        {"beta 0.5", 8, 128, 136, 1, 64, 0, 0.5f, 0},
+        {"bf16 with beta 1", 8, 128, 136, 1, 64, 0, 1.0f, 1},
     };
     for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
         g_cases++;
         const int rc = kc_gemm_skinny(p.dy, c[i].ybf, p.ldy, (const uint16_t *)p.dx + c[i].xoff, c[i].ldx, p.dW, c[i].T,
-                                      p.N, c[i].K, c[i].beta, c[i].ks, p.ws, p.cnt, 0);
+                                      p.N, c[i].K, c[i].beta, c[i].ks, c[i].rows, p.ws, p.cnt, 0);
         if (rc != 1) {
             printf("FAIL reject %s: rc %d\n", c[i].what, rc);
             g_fail++;
         }
     }
     g_cases++;
-    if (kc_gemm_skinny(p.dy, 0, p.ldy, p.dx, p.ldx, p.dW, 8, p.N, p.K, 0.0f, 2, NULL, p.cnt, 0) != 1) {
+    if (kc_gemm_skinny(p.dy, 0, p.ldy, p.dx, p.ldx, p.dW, 8, p.N, p.K, 0.0f, 2, 64, NULL, p.cnt, 0) != 1) {
         printf("FAIL reject ks = 2 without workspace\n");
         g_fail++;
     }
@@ -255,7 +264,7 @@ static float time_us(launch_fn f, void *ctx)
     for (int r = 0; r < BENCH_REPS; r++) cudaEventCreate(&a[r]), cudaEventCreate(&b[r]);
     for (int i = 0; i < 3; i++) f(ctx);
     for (int r = 0; r < BENCH_REPS; r++) {
-        cudaMemsetAsync(g_flush, r, g_flush_bytes, 0);
+        if (g_flush_bytes) cudaMemsetAsync(g_flush, r, g_flush_bytes, 0);
         cudaEventRecord(a[r], 0);
         f(ctx);
         cudaEventRecord(b[r], 0);
@@ -272,25 +281,79 @@ static float time_us(launch_fn f, void *ctx)
     return 500.0f * (t[BENCH_REPS / 2 - 1] + t[BENCH_REPS / 2]);
 }
 
+#define SEQ 24 /* weights of a sequence */
 typedef struct {
     void *y, *x, *W;
-    int ybf, T, N, K, ks;
+    int ybf, T, N, K, ks, rows;
     float beta;
     float *ws;
     unsigned *cnt;
     cublasHandle_t h;
+    kc_gemm_lt *lt;
+    void *Wseq[SEQ];
+    cudaStream_t cs;      /* the sequences' stream (captured) */
+    cudaStream_t cur;     /* where the production path launches: 0, cs while capturing */
+    cudaGraphExec_t gexec; /* the captured sequence */
 } bench_ctx;
 
 static int run_skinny(void *c_)
 {
     bench_ctx *c = c_;
-    return kc_gemm_skinny(c->y, c->ybf, c->N, c->x, c->K, c->W, c->T, c->N, c->K, c->beta, c->ks, c->ws, c->cnt, 0);
+    return kc_gemm_skinny(c->y, c->ybf, c->N, c->x, c->K, c->W, c->T, c->N, c->K, c->beta, c->ks, c->rows, c->ws,
+                          c->cnt, 0);
 }
 static int run_cublas(void *c_)
 {
     bench_ctx *c = c_;
     return c->ybf ? kc_gemm_y16(c->h, c->y, c->N, c->x, c->K, c->W, c->T, c->N, c->K, 0)
                   : kc_gemm(c->h, c->y, c->N, c->x, c->K, c->W, c->T, c->N, c->K, c->beta, 0);
+}
+/* the backend's path: the tuned plan, else cublasGemmEx */
+static int run_prod_w(bench_ctx *c, const void *W)
+{
+    const int rc = c->ybf ? kc_gemm_lt_run_y16(c->lt, c->y, c->N, c->x, c->K, W, c->T, c->N, c->K, c->cur)
+                          : kc_gemm_lt_run(c->lt, c->y, c->N, c->x, c->K, W, c->T, c->N, c->K, c->beta, c->cur);
+    if (rc <= 0) return rc;
+    return c->ybf ? kc_gemm_y16(c->h, c->y, c->N, c->x, c->K, W, c->T, c->N, c->K, c->cur)
+                  : kc_gemm(c->h, c->y, c->N, c->x, c->K, W, c->T, c->N, c->K, c->beta, c->cur);
+}
+static int run_prod(void *c_) { return run_prod_w(c_, ((bench_ctx *)c_)->W); }
+static int seq_prod(bench_ctx *c)
+{
+    for (int i = 0; i < SEQ; i++)
+        if (run_prod_w(c, c->Wseq[i])) return 1;
+    return 0;
+}
+static int seq_skinny(bench_ctx *c)
+{
+    for (int i = 0; i < SEQ; i++)
+        if (kc_gemm_skinny(c->y, c->ybf, c->N, c->x, c->K, c->Wseq[i], c->T, c->N, c->K, c->beta, c->ks, c->rows,
+                           c->ws, c->cnt, c->cs))
+            return 1;
+    return 0;
+}
+static int run_graph(void *c_) { return cudaGraphLaunch(((bench_ctx *)c_)->gexec, 0) != cudaSuccess; }
+/* the sequence captured into a CUDA graph, as the backend replays a decode
+ * step, timed without flushing (its 24 weights are cold by construction) */
+static float time_seq_us(bench_ctx *c, int (*seq)(bench_ctx *))
+{
+    cudaGraph_t gr;
+    cublasSetStream(c->h, c->cs);
+    c->cur = c->cs;
+    KT_CK(cudaStreamBeginCapture(c->cs, cudaStreamCaptureModeThreadLocal));
+    const int rc = seq(c);
+    KT_CK(cudaStreamEndCapture(c->cs, &gr));
+    c->cur = 0;
+    if (rc) return -1.0f;
+    KT_CK(cudaGraphInstantiate(&c->gexec, gr, 0));
+    const size_t keep = g_flush_bytes;
+    g_flush_bytes = 0;
+    const float us = time_us(run_graph, c) / SEQ;
+    g_flush_bytes = keep;
+    cudaGraphExecDestroy(c->gexec);
+    cudaGraphDestroy(gr);
+    cublasSetStream(c->h, 0);
+    return us;
 }
 static int run_copy(void *c_)
 {
@@ -307,6 +370,11 @@ static int bench(void)
     KT_CK(cudaMalloc(&g_flush, g_flush_bytes));
     bench_ctx c = {0};
     if (cublasCreate(&c.h) != CUBLAS_STATUS_SUCCESS) return 1;
+    void *ltws = NULL;
+    KT_CK(cudaMalloc(&ltws, CP_CUBLAS_WS));
+    c.lt = kc_gemm_lt_create(CP_CUBLAS_WS, ltws, 0, 1, 1);
+    if (!c.lt) return 1;
+    KT_CK(cudaStreamCreateWithFlags(&c.cs, cudaStreamNonBlocking));
     double copy_gbs;
     /* copy bandwidth: 1 GiB device to device, read + write */
     {
@@ -328,8 +396,10 @@ static int bench(void)
         {"down", 2048, 8064, 0, 1.0f},        {"lm-head", 32000, 2048, 0, 0.0f},
     };
     static const int Ts[] = {2, 4, 8, 16, 32, 64}, kss[] = {1, 2, 3, 4, 6, 8, 12, 16};
-    printf("%-12s %3s %6s %5s | %s | %8s %6s | %8s %6s | %s\n", "shape", "T", "N", "K", "skinny us by ks 1 2 3 4 6 8 12 16",
-           "best us", "copy%", "cublas", "copy%", "speedup");
+    printf("isolated (L2 flushed before each call): skinny us by ks 1 2 3 4 6 8 12 16, rows 64 then 128; its best;\n"
+           "cublasGemmEx; the production path (tuned cuBLASLt plan); production / best.\n"
+           "sequence (%d copies of the weight back to back in a CUDA graph, PDL on): us per GEMM, skinny at its best (rows, ks)\n"
+           "against production.\n", SEQ);
     for (size_t i = 0; i < sizeof sh / sizeof sh[0]; i++) {
         const int N = sh[i].N, K = sh[i].K, Tm = 64;
         KT_CK(cudaMalloc(&c.W, (size_t)N * K * 2));
@@ -341,28 +411,53 @@ static int bench(void)
         KT_CK(cudaMemset(c.cnt, 0, (size_t)kc_skinny_cnt_len(N) * 4));
         KT_CK(cudaMemset(c.y, 0, (size_t)Tm * N * 4));
         kc_gemm_lt_fill_bf16(c.W, (size_t)N * K, 7u, 0);
+        for (int q = 0; q < SEQ; q++) {
+            KT_CK(cudaMalloc(&c.Wseq[q], (size_t)N * K * 2));
+            kc_gemm_lt_fill_bf16(c.Wseq[q], (size_t)N * K, 100u + q, 0);
+        }
         kc_gemm_lt_fill_bf16(c.x, (size_t)Tm * K, 8u, 0);
         c.N = N, c.K = K, c.ybf = sh[i].ybf, c.beta = sh[i].beta;
         for (size_t j = 0; j < sizeof Ts / sizeof Ts[0]; j++) {
             c.T = Ts[j];
             const double bytes = (double)N * K * 2 + (double)c.T * K * 2 +
                                  (double)c.T * N * (c.ybf ? 2 : 4) * (c.beta != 0.0f ? 2 : 1);
-            char line[256];
+            char line[512];
             int o = 0;
             float best = 1e30f;
-            for (size_t k = 0; k < sizeof kss / sizeof kss[0]; k++) {
-                c.ks = kss[k];
-                const float us = time_us(run_skinny, &c);
-                o += snprintf(line + o, sizeof line - o, " %6.1f", us);
-                if (us < best) best = us;
+            int best_rows = 64, best_ks = 1;
+            for (c.rows = 64; c.rows <= 128; c.rows += 64) {
+                o += snprintf(line + o, sizeof line - o, "%s", c.rows == 128 ? " |" : "");
+                for (size_t k = 0; k < sizeof kss / sizeof kss[0]; k++) {
+                    c.ks = kss[k];
+                    if (c.ks > K / 128) continue;
+                    const float us = time_us(run_skinny, &c);
+                    o += snprintf(line + o, sizeof line - o, " %5.1f", us);
+                    if (us < best) best = us, best_rows = c.rows, best_ks = c.ks;
+                }
             }
             const float cb = time_us(run_cublas, &c);
-            printf("%-12s %3d %6d %5d |%s | %8.1f %5.0f%% | %8.1f %5.0f%% | %.2fx\n", sh[i].name, c.T, N, K, line, best,
-                   100.0 * bytes / (best * 1e-6) * 1e-9 / copy_gbs, cb, 100.0 * bytes / (cb * 1e-6) * 1e-9 / copy_gbs,
-                   cb / best);
+            /* the production path: tune this shape as the backend does, then time its plan */
+            const int trc = c.ybf ? kc_gemm_lt_tune_y16(c.lt, c.h, c.y, N, c.x, K, c.W, c.T, N, K, 0)
+                                  : kc_gemm_lt_tune(c.lt, c.h, c.y, N, c.x, K, c.W, c.T, N, K, c.beta, 0);
+            cublasSetStream(c.h, 0);
+            const float pr = trc ? -1.0f : time_us(run_prod, &c);
+            c.rows = best_rows, c.ks = best_ks;
+            kc_set_pdl(1);
+            const float sq_sk = time_seq_us(&c, seq_skinny);
+            kc_set_pdl(0);
+            const float sq_pr = time_seq_us(&c, seq_prod);
+#define PCT(us) (100.0 * bytes / ((us) * 1e-6) * 1e-9 / copy_gbs)
+            printf("%-12s T=%-3d %5dx%-5d isolated |%s | best %5.1f (rows %d ks %d) %3.0f%% | cublas %5.1f %3.0f%% | "
+                   "prod %5.1f %3.0f%% | %.2fx || sequence skinny %5.1f %3.0f%% prod %5.1f %3.0f%% | %.2fx\n",
+                   sh[i].name, c.T, N, K, line, best, best_rows, best_ks, PCT(best), cb, PCT(cb), pr, PCT(pr), pr / best,
+                   sq_sk, PCT(sq_sk), sq_pr, PCT(sq_pr), sq_pr / sq_sk);
+#undef PCT
         }
         cudaFree(c.W), cudaFree(c.x), cudaFree(c.y), cudaFree(c.ws), cudaFree(c.cnt);
+        for (int q = 0; q < SEQ; q++) cudaFree(c.Wseq[q]);
     }
+    kc_gemm_lt_destroy(c.lt);
+    cudaFree(ltws);
     cublasDestroy(c.h);
     cudaFree(g_flush);
     return 0;
@@ -381,19 +476,19 @@ int main(int argc, char **argv)
 #ifdef KC_EMU
     {
         const int Ts[] = {1, 5, 9, 16, 33, 64}, kss[] = {1, 2, 3};
-        run_shape(100, 64, 8, 3, Ts, 6, kss, 2);
-        run_shape(257, 96, 0, 0, Ts, 6, kss, 3);
+        run_shape(100, 128, 8, 3, Ts, 6, kss, 2);
+        run_shape(257, 384, 0, 0, Ts, 6, kss, 3);
     }
     {
-        const int Ts[] = {3, 24}, kss[] = {1, 5};
-        run_shape(130, 256, 16, 5, Ts, 2, kss, 2);
+        const int Ts[] = {3, 24}, kss[] = {1, 4};
+        run_shape(130, 512, 16, 5, Ts, 2, kss, 2);
     }
 #else
     {
         const int Ts[] = {1, 3, 8, 9, 16, 31, 33, 64}, kss[] = {1, 2, 3, 8, 16, 32};
-        run_shape(100, 64, 8, 3, Ts, 8, kss, 6);
-        run_shape(2050, 96, 0, 0, Ts, 8, kss, 6);
-        run_shape(257, 1024, 24, 1, Ts, 8, kss, 6);
+        run_shape(100, 128, 8, 3, Ts, 8, kss, 6);
+        run_shape(2050, 384, 0, 0, Ts, 8, kss, 6);
+        run_shape(257, 2048, 24, 1, Ts, 8, kss, 6);
     }
     const char *quick = getenv("KDA_SKINNY_TEST_QUICK");
     if (!quick || !*quick || !strcmp(quick, "0")) {
