@@ -101,7 +101,7 @@ static void fill_info(kda_engine *e)
 void kda_tuning_defaults(kda_tuning *t)
 {
     *t = (kda_tuning){.gemv_max_t = 1, .graphs = 1, .pdl = 1, .gemm_lt = 1, .gemm_verbose = 0, .gemm_tune_flush = 1,
-                      .gemm_splitk = 1, .gemm_pad = 1, .gemv_persist = 1, .gu_bf16 = 1, .attn_split = 0, .kda_stream = 16,
+                      .gemm_splitk = 1, .gemm_skinny = 1, .gemm_pad = 1, .gemv_persist = 1, .gu_bf16 = 1, .attn_split = 0, .kda_stream = 16,
                       .fast_prefill = 1,
                       .mixed_pass = 1, .mixed_reserve = 32, .short_prompt = 16, .prefill_rows = 8192, .prof = 0, .cpu_bf16_act = 0};
 }
@@ -113,7 +113,7 @@ static const struct {
 } tuning_fields[] = {
 #define TF(f, lo, hi) {#f, offsetof(kda_tuning, f), lo, hi}
     TF(gemv_max_t, 0, 8), TF(graphs, 0, 1),   TF(pdl, 0, 1),          TF(gemm_lt, 0, 1),
-    TF(gemm_verbose, 0, 1), TF(gemm_tune_flush, 0, 1), TF(gemm_splitk, 0, 1), TF(gemm_pad, 0, 1),
+    TF(gemm_verbose, 0, 1), TF(gemm_tune_flush, 0, 1), TF(gemm_splitk, 0, 1), TF(gemm_skinny, 0, 2), TF(gemm_pad, 0, 1),
     TF(gemv_persist, 0, 1), TF(gu_bf16, 0, 1),
     TF(attn_split, 0, 256), TF(kda_stream, 0, 1 << 20), TF(fast_prefill, 0, 1), TF(mixed_pass, 0, 1), TF(mixed_reserve, 0, 1024), TF(short_prompt, 0, 64), TF(prefill_rows, 1, 1 << 20), TF(attn_prefill_variant, 0, 3),
     TF(kda_chunk_gemm, 0, 2), TF(kda_chunk_bv, 0, 64), TF(kda_chunk_split, 0, 16),

@@ -60,6 +60,10 @@ typedef struct {
     int gemm_verbose;    /* CUDA: one line per tuned GEMM shape on stderr (0) */
     int gemm_tune_flush; /* CUDA: flush L2 between timed tuning runs (1) */
     int gemm_splitk;     /* CUDA: also time split-K variants when tuning (1) */
+    int gemm_skinny;     /* CUDA: also time the skinny tensor-core GEMM (skinny_gemm.h) for buckets of
+                          * <= 64 rows when tuning, chosen where it is faster back to back over the
+                          * layers (1: decode B = 2..16 ~2% faster, H100 2026-12-05); 0 = cuBLAS only;
+                          * 2 = wherever it runs (diagnosis) */
     int gemm_pad;        /* CUDA: prompt passes run their GEMMs on rows rounded up to 64 (128 above 4096),
                           * each such shape prepared once at load: cuBLAS's first call per new shape
                           * costs ~2 ms, ~15 ms a pass (1) */

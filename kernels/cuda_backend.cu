@@ -302,43 +302,57 @@ static int host_buffers(cuda_backend *b, char *err, size_t errlen)
 static void tune_gemms(cuda_backend *b)
 {
     const cp_dims *d = &b->d;
-    b->glt = kc_gemm_lt_create(CP_CUBLAS_WS, b->cublas_ws, b->tn.gemm_verbose, b->tn.gemm_tune_flush, b->tn.gemm_splitk);
+    b->glt = kc_gemm_lt_create(CP_CUBLAS_WS, b->cublas_ws, b->tn.gemm_verbose, b->tn.gemm_tune_flush, b->tn.gemm_splitk,
+                                b->tn.gemm_skinny);
     if (!b->glt) return;
     const int D = d->D, F = d->F, TM = d->TM;
     int rc = kc_gemm_lt_fill_bf16(b->xn, (size_t)TM * D, 1u, b->st);
     if (!rc) rc = kc_gemm_lt_fill_bf16(b->act, (size_t)TM * F, 2u, b->st);
     if (!rc) rc = kc_gemm_lt_fill_bf16(b->ybuf, (size_t)TM * d->ycols, 3u, b->st);
+    /* the weights of every layer of each shape: the skinny GEMM's decision is
+     * timed back to back over them (kc_gemm_lt_tune_seq) */
+    const uint16_t **wl = (const uint16_t **)calloc((size_t)d->L * 6, sizeof(*wl));
+    if (!wl) rc = -1;
+    const uint16_t **mix_k = wl, **o_k = wl + d->L, **mix_g = wl + 2 * d->L, **o_g = wl + 3 * d->L,
+                   **gu = wl + 4 * d->L, **dn = wl + 5 * d->L;
+    int nk = 0, ng = 0, l_k = -1, l_g = -1;
+    for (int l = 0; l < d->L && wl; l++) {
+        const cu_layer *w = &b->lw[l];
+        if (b->c->kind[l] == KDA_LAYER_KDA) {
+            if (l_k < 0) l_k = l;
+            mix_k[nk] = w->w_mix, o_k[nk++] = w->w_o;
+        } else {
+            if (l_g < 0) l_g = l;
+            mix_g[ng] = w->w_mix, o_g[ng++] = w->w_o;
+        }
+        gu[l] = w->w_gu, dn[l] = w->w_down;
+    }
     for (int Tb = 1; Tb <= TM && !rc; Tb <<= 1) {
         if (Tb <= b->tn.gemv_max_t) continue;
-        int done_kda = 0, done_gqa = 0;
-        for (int l = 0; l < d->L && !rc; l++) {
-            const int kda = b->c->kind[l] == KDA_LAYER_KDA;
-            if (kda ? done_kda : done_gqa) continue; /* same shapes as an earlier layer */
-            (kda ? done_kda : done_gqa) = 1;
+        for (int kda = 1; kda >= 0 && !rc; kda--) {
+            const int l = kda ? l_k : l_g, n = kda ? nk : ng;
+            if (l < 0) continue;
             const cu_layer *w = &b->lw[l];
             const int ycols = kda ? d->HV : d->Hq * d->hd;
-            rc = kc_gemm_lt_tune(b->glt, b->cublas, b->proj, d->ldp, b->xn, D, w->w_mix, Tb, w->n_mix, D, 0.0f, b->st);
+            rc = kc_gemm_lt_tune_seq(b->glt, b->cublas, b->proj, 0, d->ldp, b->xn, D, kda ? mix_k : mix_g, n, Tb,
+                                     w->n_mix, D, 0.0f, b->st);
             if (!rc)
-                rc = kc_gemm_lt_tune(b->glt, b->cublas, b->h, D, b->ybuf, ycols, w->w_o, Tb, D, ycols, 1.0f, b->st);
+                rc = kc_gemm_lt_tune_seq(b->glt, b->cublas, b->h, 0, D, b->ybuf, ycols, kda ? o_k : o_g, n, Tb, D, ycols,
+                                         1.0f, b->st);
         }
         const cu_layer *w0 = &b->lw[0];
         if (!rc)
-            rc = cu_gu_bf16(b, w0)
-                     ? kc_gemm_lt_tune_y16(b->glt, b->cublas, (uint16_t *)b->proj, 2 * F, b->xn, D, w0->w_gu, Tb, 2 * F,
-                                           D, b->st)
-                     : kc_gemm_lt_tune(b->glt, b->cublas, b->proj, 2 * F, b->xn, D, w0->w_gu, Tb, 2 * F, D, 0.0f, b->st);
-        if (!rc) rc = kc_gemm_lt_tune(b->glt, b->cublas, b->h, D, b->act, F, w0->w_down, Tb, D, F, 1.0f, b->st);
+            rc = kc_gemm_lt_tune_seq(b->glt, b->cublas, b->proj, cu_gu_bf16(b, w0), 2 * F, b->xn, D, gu, d->L, Tb, 2 * F,
+                                     D, 0.0f, b->st);
+        if (!rc) rc = kc_gemm_lt_tune_seq(b->glt, b->cublas, b->h, 0, D, b->act, F, dn, d->L, Tb, D, F, 1.0f, b->st);
         if (!rc)
             rc = kc_gemm_lt_tune(b->glt, b->cublas, b->logits, d->vocab, b->xn, D, b->lm_head, Tb, d->vocab, D, 0.0f,
                                  b->st);
     }
+    free(wl);
     kc_gemm_lt_release_scratch(b->glt);
     if (rc) {
-        for (int i = 0; b->prof_ev && i < CU_PROF_MAX; i++)
-        if (b->prof_ev[i]) cudaEventDestroy(b->prof_ev[i]);
-    free(b->prof_ev);
-    free(b->prof_kind);
-    kc_gemm_lt_destroy(b->glt);
+        kc_gemm_lt_destroy(b->glt);
         b->glt = NULL;
     }
     cublasSetStream(b->cublas, b->st);

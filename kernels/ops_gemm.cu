@@ -4,8 +4,10 @@
  * The skinny decode GEMMs (T = 8..256 rows times a [N, 2048..8064] weight)
  * are memory bound; cublasGemmEx's default algorithm often launches too few
  * CTAs for them. kc_gemm_lt_tune times the cublasLt heuristic's candidates
- * (and split-K variants of them) against that default once per shape and
- * caches the winner; kc_gemm_lt_run replays it (capture safe).
+ * (and split-K variants of them), and for T <= 64 rows the tensor-core
+ * skinny GEMM of skinny_gemm.h at several split-K factors, against that
+ * default once per shape and caches the winner; kc_gemm_lt_run replays it
+ * (capture safe).
  */
 #include <cublasLt.h>
 #include <cublas_v2.h>
@@ -16,12 +18,17 @@
 
 #include "cuda_common.cuh"
 #include "cuda_gemm.h"
+#include "skinny_gemm.h"
 
 #define LT_MAX_PLANS 128
 #define LT_HEUR 16      /* heuristic candidates requested */
 #define LT_MAX_CAND 64  /* heuristic + split-K variants timed (16 + 4 x 4 x 2 at most) */
 #define LT_WARMUP 2
 #define LT_REPS 10
+/* the skinny GEMM's split-K scratch: allocated once at the first tune (before
+ * any graph capture) and never moved; a candidate needing more is not timed */
+#define SK_WS_BYTES ((size_t)32 << 20)
+#define SK_CNT_LEN (1 << 16) /* counters: weights up to 8M rows */
 
 typedef struct {
     int used;
@@ -29,6 +36,8 @@ typedef struct {
     float beta;
     int ybf; /* y is bf16 (beta 0): cuBLAS rounds the fp32 accumulators once */
     int use_default; /* tuning found cublasGemmEx faster: run returns 1 */
+    int skinny_ks;   /* > 0: the skinny GEMM with this split-K won (no cublasLt descriptors) */
+    int skinny_rows; /* its block width, 64 or 128 weight rows */
     unsigned align_a, align_b, align_c; /* min pointer alignment the plan was tuned for */
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t la, lb, lc;
@@ -42,7 +51,9 @@ struct kc_gemm_lt {
     size_t ws_size;
     void *flush;
     size_t flush_bytes;
-    int verbose, flush_on, splitk_on;
+    int verbose, flush_on, splitk_on, skinny_on;
+    float *sk_ws;     /* SK_WS_BYTES */
+    unsigned *sk_cnt; /* SK_CNT_LEN, zero between calls */
     lt_plan plan[LT_MAX_PLANS];
 };
 
@@ -76,7 +87,8 @@ static lt_plan *plan_find(kc_gemm_lt *g, int T, int N, int K, int ldx, int ldy, 
     return NULL;
 }
 
-extern "C" kc_gemm_lt *kc_gemm_lt_create(size_t workspace_bytes, void *workspace, int verbose, int flush_l2, int splitk)
+extern "C" kc_gemm_lt *kc_gemm_lt_create(size_t workspace_bytes, void *workspace, int verbose, int flush_l2, int splitk,
+                                         int skinny)
 {
     kc_gemm_lt *g = (kc_gemm_lt *)calloc(1, sizeof(kc_gemm_lt));
     if (!g) return NULL;
@@ -89,6 +101,7 @@ extern "C" kc_gemm_lt *kc_gemm_lt_create(size_t workspace_bytes, void *workspace
     g->verbose = verbose;
     g->flush_on = flush_l2;
     g->splitk_on = splitk;
+    g->skinny_on = skinny;
     return g;
 }
 
@@ -106,6 +119,8 @@ extern "C" void kc_gemm_lt_destroy(kc_gemm_lt *g)
     for (int i = 0; i < LT_MAX_PLANS; i++)
         if (g->plan[i].used || g->plan[i].op) plan_free(&g->plan[i]);
     kc_gemm_lt_release_scratch(g);
+    if (g->sk_ws) cudaFree(g->sk_ws);
+    if (g->sk_cnt) cudaFree(g->sk_cnt);
     cublasLtDestroy(g->lt);
     free(g);
 }
@@ -180,7 +195,8 @@ static void widen_bf16(float *v, size_t n)
 }
 
 static int lt_tune(kc_gemm_lt *g, void *cublas_handle, void *y, int ybf, int ldy, const uint16_t *x, int ldx,
-                   const uint16_t *W, int T, int N, int K, float beta, cudaStream_t s)
+                   const uint16_t *W, int T, int N, int K, float beta, cudaStream_t s, const uint16_t *const *Wl = NULL,
+                   int nW = 0)
 {
     if (!g || !cublas_handle || !y || !x || !W || T <= 0 || N <= 0 || K <= 0 || ldx < K || ldy < N) return -1;
     if (ybf && beta != 0.0f) return -1;
@@ -210,8 +226,8 @@ static int lt_tune(kc_gemm_lt *g, void *cublas_handle, void *y, int ybf, int ldy
     cublasLtMatmulPreference_t pref = NULL;
     lt_cand *cand = NULL;
     float *hbuf = NULL;
-    int n_cand = 0, best = -1;
-    float best_ms = 0.0f, def_ms = -1.0f;
+    int n_cand = 0, best = -1, best_sk = 0, best_sk_rows = 0;
+    float best_ms = 0.0f, def_ms = -1.0f, sk_ms = 0.0f, seq_lib_ms = -1.0f, seq_sk_ms = -1.0f;
 
 #define LT_CK(call)                                                                                \
     do {                                                                                           \
@@ -368,7 +384,96 @@ static int lt_tune(kc_gemm_lt *g, void *cublas_handle, void *y, int ybf, int ldy
         }
         (void)cudaGetLastError();
 
+        /* the skinny GEMM, split-K 1 to 16 (pieces of at least 4 slabs of 32) */
+        if (g->skinny_on && T <= KC_SKINNY_MAX_T && K % 128 == 0 && kc_skinny_cnt_len(N) <= SK_CNT_LEN) {
+            if (!g->sk_ws) {
+                if (cudaMalloc((void **)&g->sk_ws, SK_WS_BYTES) != cudaSuccess ||
+                    cudaMalloc((void **)&g->sk_cnt, SK_CNT_LEN * sizeof(unsigned)) != cudaSuccess ||
+                    cudaMemsetAsync(g->sk_cnt, 0, SK_CNT_LEN * sizeof(unsigned), s) != cudaSuccess) {
+                    (void)cudaGetLastError();
+                    if (g->sk_ws) cudaFree(g->sk_ws);
+                    if (g->sk_cnt) cudaFree(g->sk_cnt);
+                    g->sk_ws = NULL, g->sk_cnt = NULL, g->skinny_on = 0;
+                }
+            }
+            /* 3, 6, 12: a grid of 51 x 4 blocks fills 132 SMs unevenly; the tuner sees it */
+            static const int splits[] = {1, 2, 3, 4, 6, 8, 12, 16};
+            int unsuited = 0;
+            for (int wdt = 64; g->sk_ws && wdt <= 128 && !unsuited; wdt += 64)
+                for (int j = 0; j < 8; j++) {
+                    const int ks = splits[j];
+                    if (ks > 1 && K / 128 / ks < 2) break;
+                    if (kc_skinny_ws_bytes(T, N, ks) > SK_WS_BYTES) continue;
+                    const float ms = time_median(g, s, ev, [&]() -> int {
+                        return kc_gemm_skinny(y, ybf, ldy, x, ldx, W, T, N, K, beta, ks, wdt, g->sk_ws, g->sk_cnt,
+                                              s) == 0
+                                   ? 0
+                                   : -1;
+                    });
+                    if (ms < -1.5f) {
+                        rc = -7;
+                        goto done;
+                    }
+                    if (ms < 0.0f) { /* these pointers or strides do not suit it */
+                        unsuited = 1;
+                        break;
+                    }
+                    if (!best_sk || ms < sk_ms) best_sk = ks, best_sk_rows = wdt, sk_ms = ms;
+                }
+            (void)cudaGetLastError();
+        }
+
         p.use_default = best < 0 || (def_ms >= 0.0f && def_ms <= best_ms);
+        if (best_sk && nW >= 2) {
+            /* the two winners back to back over the weights of every layer of
+             * this shape, in a CUDA graph (cold weights, PDL overlap, no launch
+             * gaps: as a decode step runs them). Timed alone, the skinny
+             * kernel's PDL prologue overlap cannot show. */
+            auto seq_ms = [&](int sk) -> float {
+                cudaGraph_t gr = NULL;
+                cudaGraphExec_t ge = NULL;
+                cudaStream_t cs = NULL;
+                float ms = -1.0f;
+                if (cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking) != cudaSuccess) return -1.0f;
+                cublasSetStream(h, cs);
+                int bad = cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal) != cudaSuccess;
+                for (int i = 0; i < nW && !bad; i++) {
+                    if (sk) {
+                        bad = kc_gemm_skinny(y, ybf, ldy, x, ldx, Wl[i], T, N, K, beta, best_sk, best_sk_rows, g->sk_ws,
+                                             g->sk_cnt, cs) != 0;
+                    } else if (p.use_default) {
+                        bad = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, T, K, &alpha, Wl[i], CUDA_R_16BF, K, x,
+                                           CUDA_R_16BF, ldx, &beta, y, ydt, ldy, CUBLAS_COMPUTE_32F,
+                                           CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS;
+                    } else {
+                        bad = cublasLtMatmul(g->lt, p.op, &alpha, Wl[i], p.la, x, p.lb, &beta, y, p.lc, y, p.lc,
+                                             &cand[best].algo, g->ws, g->ws_size, cs) != CUBLAS_STATUS_SUCCESS;
+                    }
+                }
+                if (cudaStreamEndCapture(cs, &gr) != cudaSuccess) bad = 1;
+                if (!bad && cudaGraphInstantiate(&ge, gr, 0) == cudaSuccess) {
+                    void *fl = g->flush;
+                    g->flush = NULL; /* the layers' weights exceed L2 by themselves */
+                    ms = time_median(g, s, ev, [&]() -> int { return cudaGraphLaunch(ge, s) == cudaSuccess ? 0 : -1; });
+                    g->flush = fl;
+                }
+                if (ge) cudaGraphExecDestroy(ge);
+                if (gr) cudaGraphDestroy(gr);
+                cudaStreamSynchronize(s);
+                cudaStreamDestroy(cs);
+                cublasSetStream(h, s);
+                (void)cudaGetLastError();
+                return ms;
+            };
+            seq_lib_ms = seq_ms(0);
+            seq_sk_ms = seq_ms(1);
+            if (seq_sk_ms > 0.0f && (seq_lib_ms < 0.0f || seq_sk_ms < seq_lib_ms || g->skinny_on == 2))
+                p.use_default = 0, p.skinny_ks = best_sk, p.skinny_rows = best_sk_rows;
+        } else if (best_sk) {
+            const float win_ms = p.use_default ? def_ms : best_ms;
+            if (win_ms < 0.0f || sk_ms < win_ms || g->skinny_on == 2)
+                p.use_default = 0, p.skinny_ks = best_sk, p.skinny_rows = best_sk_rows;
+        }
 
         /* check the winner against cublasGemmEx on these buffers */
         if (!p.use_default) {
@@ -388,8 +493,16 @@ static int lt_tune(kc_gemm_lt *g, void *cublas_handle, void *y, int ybf, int ldy
             }
             CU_CK(copy_rows_d2h(ref, y, ldy, T, N, yes, s));
             if (beta != 0.0f) CU_CK(copy_rows_h2d(y, old, ldy, T, N, yes, s));
-            LT_CK(cublasLtMatmul(g->lt, p.op, &alpha, W, p.la, x, p.lb, &beta, y, p.lc, y, p.lc, &cand[best].algo,
-                                 g->ws, g->ws_size, s));
+            if (p.skinny_ks) {
+                if (kc_gemm_skinny(y, ybf, ldy, x, ldx, W, T, N, K, beta, p.skinny_ks, p.skinny_rows, g->sk_ws,
+                                   g->sk_cnt, s)) {
+                    rc = -7;
+                    goto done;
+                }
+            } else {
+                LT_CK(cublasLtMatmul(g->lt, p.op, &alpha, W, p.la, x, p.lb, &beta, y, p.lc, y, p.lc,
+                                     &cand[best].algo, g->ws, g->ws_size, s));
+            }
             CU_CK(copy_rows_d2h(got, y, ldy, T, N, yes, s));
             CU_CK(cudaStreamSynchronize(s));
             if (ybf) widen_bf16(ref, n), widen_bf16(got, n);
@@ -416,35 +529,41 @@ static int lt_tune(kc_gemm_lt *g, void *cublas_handle, void *y, int ybf, int ldy
                         "kc_gemm_lt_tune: T=%d N=%d K=%d: tuned algo disagrees with cublasGemmEx at %zu of %zu "
                         "(first [%zu]: %g vs %g); keeping the default\n",
                         T, N, K, bad, n, first_bad, (double)got[first_bad], (double)ref[first_bad]);
-                p.use_default = 1;
+                p.use_default = 1, p.skinny_ks = 0, p.skinny_rows = 0;
             }
         }
 
         if (g->verbose) {
             const double bytes = (double)N * K * 2 + (double)T * K * 2 + (double)T * N * yes * (beta != 0.0f ? 2 : 1);
-            const float win_ms = p.use_default ? def_ms : best_ms;
+            const float win_ms = p.use_default ? def_ms : p.skinny_ks ? sk_ms : best_ms;
+            char skb[160] = "";
+            if (best_sk)
+                snprintf(skb, sizeof skb, " skinny %.2f us (ks %d rows %d) seq/gemm lib %.2f skinny %.2f us", sk_ms * 1e3,
+                         best_sk, best_sk_rows, seq_lib_ms * 1e3 / (nW > 0 ? nW : 1), seq_sk_ms * 1e3 / (nW > 0 ? nW : 1));
+            const char *won = p.use_default ? "default" : p.skinny_ks ? "skinny" : "lt";
             if (best >= 0) {
                 const cublasLtMatmulAlgo_t *a = &cand[best].algo;
                 fprintf(stderr,
                         "kc_gemm_lt: T=%d N=%d K=%d ldx=%d ldy=%d beta=%g%s: lt best %.2f us (algo %d tile %d splitk %d "
-                        "red %d ws %zu, %d cands) default %.2f us -> %s %.0f GB/s\n",
+                        "red %d ws %zu, %d cands)%s default %.2f us -> %s %.0f GB/s\n",
                         T, N, K, ldx, ldy, (double)beta, ybf ? " y bf16" : "", best_ms * 1e3, algo_get_i32(a, CUBLASLT_ALGO_CONFIG_ID),
                         algo_get_i32(a, CUBLASLT_ALGO_CONFIG_TILE_ID), algo_get_i32(a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM),
-                        algo_get_i32(a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME), cand[best].ws, n_cand,
-                        def_ms * 1e3, p.use_default ? "default" : "lt", bytes / (win_ms * 1e-3) * 1e-9);
+                        algo_get_i32(a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME), cand[best].ws, n_cand, skb,
+                        def_ms * 1e3, won, bytes / (win_ms * 1e-3) * 1e-9);
             } else {
                 fprintf(stderr,
-                        "kc_gemm_lt: T=%d N=%d K=%d ldx=%d ldy=%d beta=%g%s: no lt candidate ran (%d) default %.2f us "
-                        "-> default %.0f GB/s\n",
-                        T, N, K, ldx, ldy, (double)beta, ybf ? " y bf16" : "", n_cand, def_ms * 1e3, bytes / (def_ms * 1e-3) * 1e-9);
+                        "kc_gemm_lt: T=%d N=%d K=%d ldx=%d ldy=%d beta=%g%s: no lt candidate ran (%d)%s default %.2f us "
+                        "-> %s %.0f GB/s\n",
+                        T, N, K, ldx, ldy, (double)beta, ybf ? " y bf16" : "", n_cand, skb, def_ms * 1e3, won,
+                        bytes / (win_ms * 1e-3) * 1e-9);
             }
         }
 
-        if (!p.use_default) {
+        if (!p.use_default && !p.skinny_ks) {
             p.algo = cand[best].algo;
             p.ws_need = cand[best].ws;
         } else {
-            /* the run path returns 1: no descriptors needed */
+            /* the run path returns 1 or launches the skinny GEMM: no descriptors needed */
             lt_plan keep = p;
             plan_free(&keep);
             p.op = NULL, p.la = p.lb = p.lc = NULL;
@@ -479,6 +598,14 @@ extern "C" int kc_gemm_lt_tune_y16(kc_gemm_lt *g, void *cublas_handle, uint16_t 
     return lt_tune(g, cublas_handle, y, 1, ldy, x, ldx, W, T, N, K, 0.0f, s);
 }
 
+extern "C" int kc_gemm_lt_tune_seq(kc_gemm_lt *g, void *cublas_handle, void *y, int ybf, int ldy, const uint16_t *x,
+                                   int ldx, const uint16_t *const *W, int nW, int T, int N, int K, float beta,
+                                   cudaStream_t s)
+{
+    if (!W || nW < 1) return -1;
+    return lt_tune(g, cublas_handle, y, ybf, ldy, x, ldx, W[0], T, N, K, beta, s, W, nW);
+}
+
 static int lt_run(kc_gemm_lt *g, void *y, int ybf, int ldy, const uint16_t *x, int ldx, const uint16_t *W, int T,
                   int N, int K, float beta, cudaStream_t s)
 {
@@ -486,6 +613,9 @@ static int lt_run(kc_gemm_lt *g, void *y, int ybf, int ldy, const uint16_t *x, i
     if (!g) return 1;
     const lt_plan *p = plan_find(g, T, N, K, ldx, ldy, beta, ybf);
     if (!p || p->use_default) return 1;
+    if (p->skinny_ks) /* 1 (kc_gemm instead) when these pointers do not suit it */
+        return kc_gemm_skinny(y, ybf, ldy, x, ldx, W, T, N, K, beta, p->skinny_ks, p->skinny_rows, g->sk_ws,
+                              g->sk_cnt, s);
     if (ptr_align(W) < p->align_a || ptr_align(x) < p->align_b || ptr_align(y) < p->align_c) return 1;
     const float alpha = 1.0f;
     cublasStatus_t st = cublasLtMatmul(g->lt, p->op, &alpha, W, p->la, x, p->lb, &beta, y, p->lc, y, p->lc, &p->algo,

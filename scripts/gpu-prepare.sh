@@ -38,8 +38,8 @@ ninja -C build-cuda
 touch "$stamp"
 rm -rf .carry && mkdir -p .carry/lib
 PROGS="cli/kda-cli server/kda-server tests/kernels/test_kernels tests/kernels/test_cuda_model
-       tests/kernels/test_prefill_ops tests/kernels/test_kda_chunk
-       kernels/lab/lab_kda_step_tiled kernels/lab/lab_skinny_gemm"
+       tests/kernels/test_prefill_ops tests/kernels/test_kda_chunk tests/kernels/test_skinny
+       kernels/lab/lab_kda_step_tiled"
 for f in $PROGS; do
   [ -f "build-cuda/$f" ] || continue
   mkdir -p ".carry/build/$(dirname $f)"

@@ -1,6 +1,6 @@
 /*
- * skinny_gemm.cu - kernel lab: the skinny decode GEMM of skinny_gemm.h on
- * mma.sync m16n8k16 (bf16 in, fp32 accumulate).
+ * ops_skinny.cu - the skinny decode GEMM of skinny_gemm.h on mma.sync
+ * m16n8k16 (bf16 in, fp32 accumulate).
  *
  * The weight is the A operand (16 rows per warp), the T input rows the B
  * operand (n-tiles of 8 rows, NT = 1, 2, 4 or 8 of them), so a step's

@@ -1,9 +1,12 @@
 /*
- * skinny_gemm.h - kernel lab (README.md): a tensor-core GEMM for the decode
- * shapes, T = 1..64 rows of input times a [N, K] bf16 weight (memory bound:
- * the weight is read once, the rows ride along), written to beat cuBLAS
- * there. It reached parity, not better (H100, 2026-12-05, bench/NOTES.md),
- * so the backend keeps the tuned cuBLASLt plans (cuda_gemm.h).
+ * skinny_gemm.h - a tensor-core GEMM for the decode shapes, T = 1..64 rows
+ * of input times a [N, K] bf16 weight (memory bound: the weight is read once,
+ * the rows ride along). kc_gemm_lt_tune_seq (cuda_gemm.h) times it beside
+ * cuBLAS's candidates and keeps it where it is faster back to back over the
+ * model's layers: alone it only matches cuBLAS, but its PDL prologue (the
+ * next weight's first stages load while the previous kernel ends) makes the
+ * MLP's gate|up and down and the lm-head ~5-10% faster in a decode step's
+ * sequence (H100, 2026-12-05, bench/NOTES.md).
  *
  * Same semantics as kc_gemm (cuda_ops.h):
  *   y[T, N] (row stride ldy) = beta * y + x[T, K] (bf16, row stride ldx) @ W[N, K]^T (bf16, ld K)
@@ -19,7 +22,8 @@
  * counter is back to 0 when the kernel ends (graph replay safe). One call at
  * a time per (ws, cnt): calls ordered on one stream are fine.
  *
- * Requirements (else 1 is returned and nothing launched): 1 <= T <= 64,
+ * Requirements (else 1 is returned and nothing launched: the caller falls
+ * back to cuBLAS): 1 <= T <= 64,
  * N >= 1, K % 128 == 0, 1 <= ks <= K / 128, ks <= KC_SKINNY_MAX_KS, rows 64
  * or 128, W and x 16-byte aligned, ldx % 8 == 0, ldy >= N, beta 0 or 1 (0
  * with ybf), and for ks > 1: ws of kc_skinny_ws_bytes(T, N, ks) bytes and cnt

@@ -1,8 +1,8 @@
 /*
- * lab_skinny_gemm.c - kernel lab: the skinny decode GEMM (skinny_gemm.h)
- * against a float64 reference on random bf16 inputs, on the GPU (exit 77
- * without one) and, built with -DKC_EMU, on the CPU emulator of
- * tests/kernels/emu (small shapes; meson test skinny_emu).
+ * test_skinny.c - the skinny decode GEMM (kernels/skinny_gemm.h) against a
+ * float64 reference on random bf16 inputs, on the GPU (exit 77 without one)
+ * and, built with -DKC_EMU, on the CPU emulator of emu/ (small shapes; meson
+ * test skinny_emu).
  *
  * Every case (T rows, [N, K] weight, split ks, output mode store / add / bf16)
  * runs on buffers with padding (ldx > K, ldy > N, rows past T) poisoned with
@@ -17,16 +17,16 @@
  *   a second run     bitwise equal to the first (deterministic split-K);
  * and that unsupported arguments launch nothing and return 1.
  *
- *   lab_skinny_gemm          the cases (KDA_SKINNY_TEST_QUICK=1: the small shapes
+ *   test_skinny              the cases (KDA_SKINNY_TEST_QUICK=1: the small shapes
  *                            only, for compute-sanitizer)
- *   lab_skinny_gemm --bench  the decode GEMM shapes of DM-KDAGQA-1.7B at T = 2..64:
+ *   test_skinny --bench      the decode GEMM shapes of DM-KDAGQA-1.7B at T = 2..64:
  *     isolated: every (rows, ks) of the kernel, the best, cublasGemmEx and the
- *       production path (the cuBLASLt plan kc_gemm_lt_tune picks, as the
- *       backend does), each call alone with L2 flushed before it (memset);
+ *       cuBLAS path (the cuBLASLt plan kc_gemm_lt_tune picks with the skinny
+ *       kernel left out), each call alone with L2 flushed before it (memset);
  *     sequence: 24 copies of the weight multiplied back to back in one CUDA
  *       graph (cold by construction, as a decode step meets them; no flush),
  *       the kernel at its best isolated (rows, ks) with PDL on against the
- *       production path: microseconds per GEMM;
+ *       tuned cuBLAS path: microseconds per GEMM;
  *   all as time and as a fraction of the copy bandwidth measured in the same run.
  */
 #include <math.h>
@@ -292,7 +292,7 @@ typedef struct {
     kc_gemm_lt *lt;
     void *Wseq[SEQ];
     cudaStream_t cs;      /* the sequences' stream (captured) */
-    cudaStream_t cur;     /* where the production path launches: 0, cs while capturing */
+    cudaStream_t cur;     /* where the cuBLAS path launches: 0, cs while capturing */
     cudaGraphExec_t gexec; /* the captured sequence */
 } bench_ctx;
 
@@ -372,7 +372,7 @@ static int bench(void)
     if (cublasCreate(&c.h) != CUBLAS_STATUS_SUCCESS) return 1;
     void *ltws = NULL;
     KT_CK(cudaMalloc(&ltws, CP_CUBLAS_WS));
-    c.lt = kc_gemm_lt_create(CP_CUBLAS_WS, ltws, 0, 1, 1);
+    c.lt = kc_gemm_lt_create(CP_CUBLAS_WS, ltws, 0, 1, 1, 0); /* cuBLAS only */
     if (!c.lt) return 1;
     KT_CK(cudaStreamCreateWithFlags(&c.cs, cudaStreamNonBlocking));
     double copy_gbs;
@@ -397,9 +397,9 @@ static int bench(void)
     };
     static const int Ts[] = {2, 4, 8, 16, 32, 64}, kss[] = {1, 2, 3, 4, 6, 8, 12, 16};
     printf("isolated (L2 flushed before each call): skinny us by ks 1 2 3 4 6 8 12 16, rows 64 then 128; its best;\n"
-           "cublasGemmEx; the production path (tuned cuBLASLt plan); production / best.\n"
+           "cublasGemmEx; prod = the tuned cuBLASLt plan (skinny left out); prod / best.\n"
            "sequence (%d copies of the weight back to back in a CUDA graph, PDL on): us per GEMM, skinny at its best (rows, ks)\n"
-           "against production.\n", SEQ);
+           "against prod.\n", SEQ);
     for (size_t i = 0; i < sizeof sh / sizeof sh[0]; i++) {
         const int N = sh[i].N, K = sh[i].K, Tm = 64;
         KT_CK(cudaMalloc(&c.W, (size_t)N * K * 2));
@@ -436,7 +436,7 @@ static int bench(void)
                 }
             }
             const float cb = time_us(run_cublas, &c);
-            /* the production path: tune this shape as the backend does, then time its plan */
+            /* the cuBLAS path: tune this shape as the backend does without the skinny kernel, time its plan */
             const int trc = c.ybf ? kc_gemm_lt_tune_y16(c.lt, c.h, c.y, N, c.x, K, c.W, c.T, N, K, 0)
                                   : kc_gemm_lt_tune(c.lt, c.h, c.y, N, c.x, K, c.W, c.T, N, K, c.beta, 0);
             cublasSetStream(c.h, 0);
