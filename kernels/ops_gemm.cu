@@ -384,7 +384,7 @@ static int lt_tune(kc_gemm_lt *g, void *cublas_handle, void *y, int ybf, int ldy
         }
         (void)cudaGetLastError();
 
-        /* the skinny GEMM, split-K 1 to 16 (pieces of at least 4 slabs of 32) */
+        /* the skinny GEMM, split-K 1 to 16 (pieces of at least two 128-k stages) */
         if (g->skinny_on && T <= KC_SKINNY_MAX_T && K % 128 == 0 && kc_skinny_cnt_len(N) <= SK_CNT_LEN) {
             if (!g->sk_ws) {
                 if (cudaMalloc((void **)&g->sk_ws, SK_WS_BYTES) != cudaSuccess ||
@@ -424,6 +424,7 @@ static int lt_tune(kc_gemm_lt *g, void *cublas_handle, void *y, int ybf, int ldy
         }
 
         p.use_default = best < 0 || (def_ms >= 0.0f && def_ms <= best_ms);
+        int sk_wins = 0;
         if (best_sk && nW >= 2) {
             /* the two winners back to back over the weights of every layer of
              * this shape, in a CUDA graph (cold weights, PDL overlap, no launch
@@ -467,13 +468,12 @@ static int lt_tune(kc_gemm_lt *g, void *cublas_handle, void *y, int ybf, int ldy
             };
             seq_lib_ms = seq_ms(0);
             seq_sk_ms = seq_ms(1);
-            if (seq_sk_ms > 0.0f && (seq_lib_ms < 0.0f || seq_sk_ms < seq_lib_ms || g->skinny_on == 2))
-                p.use_default = 0, p.skinny_ks = best_sk, p.skinny_rows = best_sk_rows;
+            sk_wins = seq_sk_ms > 0.0f && (seq_lib_ms < 0.0f || seq_sk_ms < seq_lib_ms || g->skinny_on == 2);
         } else if (best_sk) {
             const float win_ms = p.use_default ? def_ms : best_ms;
-            if (win_ms < 0.0f || sk_ms < win_ms || g->skinny_on == 2)
-                p.use_default = 0, p.skinny_ks = best_sk, p.skinny_rows = best_sk_rows;
+            sk_wins = win_ms < 0.0f || sk_ms < win_ms || g->skinny_on == 2;
         }
+        if (sk_wins) p.use_default = 0, p.skinny_ks = best_sk, p.skinny_rows = best_sk_rows;
 
         /* check the winner against cublasGemmEx on these buffers */
         if (!p.use_default) {
@@ -536,10 +536,12 @@ static int lt_tune(kc_gemm_lt *g, void *cublas_handle, void *y, int ybf, int ldy
         if (g->verbose) {
             const double bytes = (double)N * K * 2 + (double)T * K * 2 + (double)T * N * yes * (beta != 0.0f ? 2 : 1);
             const float win_ms = p.use_default ? def_ms : p.skinny_ks ? sk_ms : best_ms;
-            char skb[160] = "";
+            char skb[160] = "", sqb[80] = "";
+            if (seq_sk_ms > 0.0f) /* timed back to back: per GEMM */
+                snprintf(sqb, sizeof sqb, " seq/gemm lib %.2f skinny %.2f us", seq_lib_ms * 1e3 / nW,
+                         seq_sk_ms * 1e3 / nW);
             if (best_sk)
-                snprintf(skb, sizeof skb, " skinny %.2f us (ks %d rows %d) seq/gemm lib %.2f skinny %.2f us", sk_ms * 1e3,
-                         best_sk, best_sk_rows, seq_lib_ms * 1e3 / (nW > 0 ? nW : 1), seq_sk_ms * 1e3 / (nW > 0 ? nW : 1));
+                snprintf(skb, sizeof skb, " skinny %.2f us (ks %d rows %d)%s", sk_ms * 1e3, best_sk, best_sk_rows, sqb);
             const char *won = p.use_default ? "default" : p.skinny_ks ? "skinny" : "lt";
             if (best >= 0) {
                 const cublasLtMatmulAlgo_t *a = &cand[best].algo;

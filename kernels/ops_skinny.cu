@@ -114,7 +114,7 @@ skinny_kernel(void *y, int ldy, const bf16 *__restrict__ Wt, int N, int K, const
     const int st_beg = (int)((long long)ks * nst / KS);
     const int ns = (int)((long long)(ks + 1) * nst / KS) - st_beg;
 
-    /* stage i of this block: weight rows nb0.., k (st_beg + i) * 64.. -> buffer i % S */
+    /* stage i of this block: weight rows nb0.., k (st_beg + i) * SK_BK.. -> buffer i % S */
     auto load_w = [&](int i) {
         uint4 *d = sw + (i % S) * WCH;
         const size_t k0 = (size_t)(st_beg + i) * SK_BK;

@@ -5,7 +5,7 @@
  * cuBLAS's candidates and keeps it where it is faster back to back over the
  * model's layers: alone it only matches cuBLAS, but its PDL prologue (the
  * next weight's first stages load while the previous kernel ends) makes the
- * MLP's gate|up and down and the lm-head ~5-10% faster in a decode step's
+ * MLP's gate|up and down and the lm-head ~7-11% faster in a decode step's
  * sequence (H100, 2026-12-05, bench/NOTES.md).
  *
  * Same semantics as kc_gemm (cuda_ops.h):
