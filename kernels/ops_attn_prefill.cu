@@ -92,9 +92,10 @@ static __device__ bool pf_find_tile(const pf_items &it, int TQ, int u, pf_tile &
 /* ---- PTX wrappers ---- */
 static __device__ __forceinline__ unsigned smem_u32(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
 
-static __device__ __forceinline__ void cp_async16(void *smem, const void *gmem)
+/* 16 bytes, or (full false) 16 zero bytes: src-size 0 reads nothing */
+static __device__ __forceinline__ void cp_async16_zfill(void *smem, const void *gmem, bool full)
 {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_u32(smem)), "l"(gmem));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_u32(smem)), "l"(gmem), "r"(full ? 16 : 0));
 }
 static __device__ __forceinline__ void cp_async_wait1() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
 
@@ -303,18 +304,21 @@ __global__ void __launch_bounds__(NW * 32, MINB)
                                                     : (long long)b * (long long)a.block_stride + (long long)a.layer_off +
                                                           ((long long)kvh * a.blk + p % a.blk) * HD;
     };
+    /* thread tid copies 16-byte piece tid % CPR of keys tid / CPR + i NTH / CPR: the
+     * shared-memory offsets are constants of the unrolled loop (ncu, 1 x 8192: the
+     * address arithmetic of the runtime loop was ~20% of the kernel's instructions) */
+    static_assert(NTH % CPR == 0 && (PF_BN * CPR) % NTH == 0, "whole pieces per thread");
+    const int ipart = (int)threadIdx.x % CPR, ikey = (int)threadIdx.x / CPR;
     auto issue_tile = [&](int buf) {
-        for (int c = threadIdx.x; c < PF_BN * CPR; c += NTH) {
-            const int k = c / CPR, part = c % CPR;
-            const long long off = soff[buf * PF_BN + k];
-            bf16 *dk = sK + (buf * PF_BN + k) * LDS + part * 8, *dv = sV + (buf * PF_BN + k) * LDS + part * 8;
-            if (off >= 0) {
-                cp_async16(dk, kvb + off + part * 8);
-                cp_async16(dv, kvb + off + voff + part * 8);
-            } else { /* past the range: zeros, so p = 0 never meets a NaN */
-                *(uint4 *)dk = make_uint4(0u, 0u, 0u, 0u);
-                *(uint4 *)dv = make_uint4(0u, 0u, 0u, 0u);
-            }
+        bf16 *dk0 = sK + (buf * PF_BN + ikey) * LDS + ipart * 8, *dv0 = sV + (buf * PF_BN + ikey) * LDS + ipart * 8;
+        const long long *so = soff + buf * PF_BN + ikey;
+#pragma unroll
+        for (int i = 0; i < PF_BN * CPR / NTH; i++) {
+            const long long off = so[i * (NTH / CPR)];
+            /* past the range: zeros (src-size 0), so p = 0 never meets a NaN */
+            const bf16 *src = off >= 0 ? kvb + off + ipart * 8 : kvb;
+            cp_async16_zfill(dk0 + i * (NTH / CPR) * LDS, src, off >= 0);
+            cp_async16_zfill(dv0 + i * (NTH / CPR) * LDS, off >= 0 ? src + voff : kvb, off >= 0);
         }
         cp_async_commit();
     };
@@ -356,16 +360,26 @@ __global__ void __launch_bounds__(NW * 32, MINB)
         if (nsplit == 1) {
             const float inv = 1.0f / l[i];
             bf16 *orow = out + (size_t)trow[i] * ldo + head[i] * HD;
-            const float *grow = a.off_gate >= 0 ? a.proj + (size_t)trow[i] * a.ldp + a.off_gate + head[i] * HD : NULL;
+            /* the row's gate values loaded together before any store: one memory latency
+             * per row, not one per column pair (ncu, 1 x 8192: the epilogue's dependent
+             * loads were ~12% of the stall samples) */
+            float gv[DT][2];
+#pragma unroll
+            for (int dt = 0; dt < DT; dt++) gv[dt][0] = gv[dt][1] = 1.0f;
+            if (a.off_gate >= 0) {
+                const float *grow = a.proj + (size_t)trow[i] * a.ldp + a.off_gate + head[i] * HD;
+#pragma unroll
+                for (int dt = 0; dt < DT; dt++) {
+                    gv[dt][0] = __ldg(grow + dt * 8 + 2 * tig);
+                    gv[dt][1] = __ldg(grow + dt * 8 + 2 * tig + 1);
+                }
+#pragma unroll
+                for (int dt = 0; dt < DT; dt++) gv[dt][0] = sigmoidf_(gv[dt][0]), gv[dt][1] = sigmoidf_(gv[dt][1]);
+            }
 #pragma unroll
             for (int dt = 0; dt < DT; dt++) {
                 const int d = dt * 8 + 2 * tig;
-                float v0 = o[dt][2 * i] * inv, v1 = o[dt][2 * i + 1] * inv;
-                if (grow) {
-                    v0 *= sigmoidf_(grow[d]);
-                    v1 *= sigmoidf_(grow[d + 1]);
-                }
-                *(__nv_bfloat162 *)(orow + d) = __floats2bfloat162_rn(v0, v1);
+                *(__nv_bfloat162 *)(orow + d) = __floats2bfloat162_rn(o[dt][2 * i] * inv * gv[dt][0], o[dt][2 * i + 1] * inv * gv[dt][1]);
             }
         } else {
             const size_t prow = ((size_t)sp * a.T + trow[i]) * a.Hq + head[i];
