@@ -355,6 +355,12 @@ template <> struct Acc<KC_KDA_GEMM_TF32> {
         const int a1 = A_ROW ? 8 * lda : 8, a2 = A_ROW ? 4 : 4 * lda, ak = A_ROW ? 8 : 8 * lda;
         const float *Bp = B_ROW ? B + t * ldb + g : B + g * ldb + t;
         const int b1 = B_ROW ? 4 * ldb : 4, bj = B_ROW ? 8 : 8 * ldb, bk = B_ROW ? 8 * ldb : 8;
+        /* unrolled by 8 (4 left the recurrence at 80 registers with spills, ptxas -v):
+         * the next steps' shared loads are issued before this step's mma
+         * (ncu, 1 x 8192: the rolled loop waited on each load, and its address
+         * arithmetic was the recurrence's largest instruction class); the products
+         * still accumulate in k order */
+#pragma unroll 8
         for (int k0 = 0; k0 < kdim; k0 += 8, Ap += ak, Bp += bk) {
             float x[4] = {Ap[0], Ap[a1], Ap[a2], Ap[a1 + a2]};
             uint32_t af[4];
@@ -679,6 +685,9 @@ __global__ void __launch_bounds__(KC_THREADS, MODE == KC_KDA_GEMM_TF32 ? 3 : 1)
     }
     /* rows >= n: k = q = 0 and Gam = Gam[n-1], so they add nothing and every
      * exponent stays <= 0 */
+    /* every load of the slice is issued before the first store (ncu, 1 x 8192:
+     * load-store pairs in turn left the block waiting on each) */
+    static_assert((KC_CH * (32 / 4)) % KC_THREADS == 0 && (KC_CH * (16 / 4)) % KC_THREADS == 0, "whole rows");
     auto load_slice = [&](int ks) {
         for (int e = tid; e < KC_CH * B4; e += KC_THREADS) {
             const int r = e >> B4SH, d = (e & (B4 - 1)) * 4;
@@ -892,19 +901,31 @@ __global__ void __launch_bounds__(KC_THREADS, MODE == KC_KDA_GEMM_TF32 ? 3 : 1)
     }
     /* U = Ai (beta v), BK value columns at a time, in place of v */
     const int u_lo = PART == INTRA_FINISH ? max(z - nks, 0) : 0, u_hi = PART == INTRA_FINISH ? max(z - nks + 1, 0) : nvs;
+    /* slice vs + 1 of v is loaded into registers while slice vs's product runs
+     * (ncu, 1 x 8192: the block waited on these loads at every slice) */
+    constexpr int NLV = KC_CH * B4 / KC_THREADS;
+    float4 vpre[NLV];
+    auto load_v = [&](int vs) {
+        const float *vin = w.v + ((size_t)h * T + row0) * V + vs * BK;
+#pragma unroll
+        for (int i = 0; i < NLV; i++) {
+            const int e = tid + i * KC_THREADS, r = e >> B4SH, d = (e & (B4 - 1)) * 4;
+            vpre[i] = r < n ? *(const float4 *)(vin + (size_t)r * V + d) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+    };
+    if (u_lo < u_hi) load_v(u_lo);
     for (int vs = u_lo; vs < u_hi; vs++) {
         float *vio = w.v + ((size_t)h * T + row0) * V + vs * BK;
-        for (int e = tid; e < KC_CH * B4; e += KC_THREADS) {
-            const int r = e >> B4SH, d = (e & (B4 - 1)) * 4;
-            float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (r < n) {
-                const float4 v4 = *(const float4 *)(vio + (size_t)r * V + d);
-                const float b = beta_s[r];
-                x = make_float4(b * v4.x, b * v4.y, b * v4.z, b * v4.w);
-            }
-            *(float4 *)(rhs + r * LDR + d) = x;
+#pragma unroll
+        for (int i = 0; i < NLV; i++) {
+            const int e = tid + i * KC_THREADS, r = e >> B4SH, d = (e & (B4 - 1)) * 4;
+            const float b = r < n ? beta_s[r] : 0.0f;
+            const float4 v4 = vpre[i];
+            *(float4 *)(rhs + r * LDR + d) = r < n ? make_float4(b * v4.x, b * v4.y, b * v4.z, b * v4.w)
+                                                   : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
         __syncthreads();
+        if (vs + 1 < u_hi) load_v(vs + 1); /* other columns than the stores below */
         if (warp < 4 * nct) {
             const int mi = warp / nct, ni = warp % nct;
             Acc<MODE> acc;
@@ -1070,7 +1091,7 @@ static __device__ __forceinline__ void recur_chunks_mma(const kc_kda_chunk_args 
         float vacc[4][4];
 #pragma unroll
         for (int j = 0; j < 4; j++) vacc[j][0] = vacc[j][1] = vacc[j][2] = vacc[j][3] = 0.0f;
-#pragma unroll 4
+#pragma unroll 8
         for (int k0 = 0; k0 < K; k0 += 8) {
             const float *Wr = Wb + (16 * vmi + g) * LDK + k0 + t;
             const uint32_t af[4] = {tf32_round(Wr[0]), tf32_round(Wr[8 * LDK]), tf32_round(Wr[4]), tf32_round(Wr[8 * LDK + 4])};
