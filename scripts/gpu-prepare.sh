@@ -13,17 +13,19 @@
 #   bash scripts/gpu-session.sh
 set -euo pipefail
 # --old FILE: also carry FILE (an older kda-cli) as .carry/old/kda-cli (scripts/gpu-ab-bin.sh);
-# --old-chunk-test FILE: an older test_kda_chunk as .carry/old/test_kda_chunk (gpu-kda-chunk-ab.sh)
-OLD= OLDT=
+# --old-chunk-test FILE: an older test_kda_chunk as .carry/old/test_kda_chunk (gpu-kda-chunk-ab.sh);
+# --with DEST=FILE: FILE (a program of another build: a variant, an older commit) as .carry/DEST
+OLD= OLDT= WITH=()
 while [ $# -ge 2 ]; do
   case $1 in
     --old) OLD=$(realpath "$2") ;;
     --old-chunk-test) OLDT=$(realpath "$2") ;;
+    --with) case $2 in *=*) WITH+=("${2%%=*}=$(realpath "${2#*=}")") ;; *) echo "gpu-prepare: --with DEST=FILE" >&2; exit 2 ;; esac ;;
     *) echo "gpu-prepare: unknown option $1" >&2; exit 2 ;;
   esac
   shift 2
 done
-[ $# = 0 ] || { echo "gpu-prepare: usage: gpu-prepare.sh [--old KDA_CLI] [--old-chunk-test TEST_KDA_CHUNK]" >&2; exit 2; }
+[ $# = 0 ] || { echo "gpu-prepare: usage: gpu-prepare.sh [--old KDA_CLI] [--old-chunk-test TEST_KDA_CHUNK] [--with DEST=FILE]..." >&2; exit 2; }
 cd "$(dirname "$0")/.."
 SHARED=${KDA_SHARED:-../shared}
 [ -f build-cuda/build.ninja ] || meson setup build-cuda -Dcuda=enabled -Dbuildtype=release >/dev/null
@@ -63,6 +65,10 @@ fi
 grep -qx '/.carry/' .gitignore && grep -qx '/.carry.tar.xz' .gitignore && grep -qx '/.whl/' .gitignore
 if [ -n "$OLD" ]; then mkdir -p .carry/old && strip -o .carry/old/kda-cli "$OLD"; fi
 if [ -n "$OLDT" ]; then mkdir -p .carry/old && strip -o .carry/old/test_kda_chunk "$OLDT"; fi
+for w in ${WITH[@]+"${WITH[@]}"}; do
+  d=".carry/${w%%=*}"; case $d in *..*) echo "gpu-prepare: bad DEST in --with $w" >&2; exit 2 ;; esac
+  mkdir -p "$(dirname "$d")" && strip -o "$d" "${w#*=}"
+done
 tar cf - .carry | xz -9e -T2 > .carry.tar.xz
 du -sh .carry .carry.tar.xz .whl
 echo "gpu-prepare: ok (carry .carry.tar.xz .whl; run scripts/gpu-session.sh)"
