@@ -117,6 +117,12 @@ static void run_attn(void *c, int r)
     kc_gqa_attn(&x->a, x->opart, x->ml, x->nsplit, x->split, x->out, x->a.Hq * x->a.hd, 0);
 }
 
+static void run_qkv(void *c, int r)
+{
+    (void)r;
+    kc_gqa_qkv((const kc_gqa_args *)c, 0);
+}
+
 typedef struct {
     kc_bench_row *rows;
     int n, max;
@@ -273,6 +279,43 @@ extern "C" int kc_bench_kernels(kc_bench_row *rows, int max)
         ms = median_ms(run_attn, &x, 20);
         emit(&bo, "gqa decode attn B=64 ctx=4096 (K+V read)", (double)kv_bytes, ms);
         cudaFree(x.a.kv), cudaFree(x.a.q), cudaFree(x.opart), cudaFree(x.ml), cudaFree(x.out), cudaFree(dm);
+        free(meta);
+    }
+    /* the prompt pass's GQA front: q/k RMSNorm, partial RoPE, q out (fp32), k and v
+     * appended to the paged cache (bf16), 8192 rows of one sequence at the 1.7B shape
+     * (16 q / 4 kv heads, hd 128, rope_dim 64); bytes: proj q|k|v read, q, K, V written */
+    {
+        const int T = 8192, Hq = 16, Hkv = 4, hd = 128, blk = 16, mb = T / blk;
+        const int QD = Hq * hd, KD = Hkv * hd, ldp = QD + 2 * KD;
+        kc_gqa_args a;
+        memset(&a, 0, sizeof a);
+        a.T = T, a.Hq = Hq, a.Hkv = Hkv, a.hd = hd, a.blk = blk, a.max_blocks = mb, a.rope_dim = 64;
+        a.ldp = ldp, a.off_q = 0, a.off_k = QD, a.off_v = QD + KD, a.off_gate = -1, a.eps = 1e-6f, a.theta = 10000.0;
+        a.block_stride = (size_t)2 * Hkv * blk * hd, a.layer_off = 0;
+        int32_t *meta = (int32_t *)malloc(((size_t)2 * T + mb) * 4);
+        for (int i = 0; i < T; i++) meta[i] = i, meta[T + i] = 0;
+        for (int i = 0; i < mb; i++) meta[2 * T + i] = i;
+        int32_t *dm;
+        cudaMalloc((void **)&dm, ((size_t)2 * T + mb) * 4);
+        cudaMemcpy(dm, meta, ((size_t)2 * T + mb) * 4, cudaMemcpyHostToDevice);
+        a.tok_pos = dm, a.tok_slot = dm + T, a.block_table = dm + 2 * T;
+        double inv[32];
+        for (int i = 0; i < 32; i++) inv[i] = pow(10000.0, -2.0 * i / 64);
+        float *proj, *q, *nrm;
+        double *dinv;
+        cudaMalloc((void **)&proj, (size_t)T * ldp * 4);
+        cudaMalloc((void **)&q, (size_t)T * QD * 4);
+        cudaMalloc((void **)&nrm, (size_t)2 * hd * 4);
+        cudaMalloc((void **)&dinv, sizeof inv);
+        cudaMalloc((void **)&a.kv, (size_t)mb * a.block_stride * 2);
+        cudaMemcpy(dinv, inv, sizeof inv, cudaMemcpyHostToDevice);
+        fill_f32(proj, (size_t)T * ldp * 4, 11);
+        fill_f32(nrm, (size_t)2 * hd * 4, 12);
+        a.proj = proj, a.q = q, a.q_norm = nrm, a.k_norm = nrm + hd, a.rope_inv_freq = dinv;
+        ms = median_ms(run_qkv, &a, 20);
+        emit(&bo, "gqa q/k norm+rope+append T=8192 (read+write)",
+             (double)T * ldp * 4 + (double)T * QD * 4 + (double)T * 2 * KD * 2, ms);
+        cudaFree(proj), cudaFree(q), cudaFree(nrm), cudaFree(dinv), cudaFree(a.kv), cudaFree(dm);
         free(meta);
     }
     return cudaGetLastError() == cudaSuccess ? bo.n : -7;

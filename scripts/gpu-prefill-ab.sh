@@ -6,13 +6,14 @@
 #     --with old/test_kda_chunk=OLD_BUILD/tests/kernels/test_kda_chunk --with old/kda-cli=OLD_BUILD/cli/kda-cli \
 #     [--with var/NAME/test_prefill_ops=FILE]...
 # and carry [".carry.tar.xz", ".whl"]. Steps (KDA_PAB_SKIP="tests sanitize kernels model"):
-#   tests     test_prefill_ops and test_kda_chunk of the carried build (every case vs the CPU
+#   tests     test_kernels, test_prefill_ops and test_kda_chunk of the carried build (every case vs the CPU
 #             reference), test_cuda_model on the random 1.7B checkpoint (CUDA vs CPU);
 #   sanitize  memcheck + racecheck: the small attention shapes, the chunk test's quick cases;
 #   kernels   test_prefill_ops --bench and test_kda_chunk --bench, old / new / each variant
 #             alternately, twice (the card's drift shows between the two rounds);
-#   model     kda-cli bench (prefill 1x2048, 8x2048; score 1x8192, 4x8192), old new old new.
-# $OUT: summary.txt (every BENCH row, labelled by run), pab-{old,new}{1,2}.json (kda-cli),
+#   model     kda-cli bench (prefill 1x2048, 8x2048; score 1x8192, 4x8192), old new old new,
+#             then each once more with prof=1 (device time by kind).
+# $OUT: summary.txt (every BENCH row, labelled by run), pab-{old,new}{1,2,-prof}.json (kda-cli),
 # logs.tgz.
 source "$(dirname "$0")/gpu-env.sh"
 run_start "${KDA_PAB_SKIP:-}"
@@ -22,6 +23,8 @@ for f in .carry/old/test_prefill_ops .carry/old/test_kda_chunk .carry/old/kda-cl
   [ -x "$f" ] || { echo "no $f" | tee -a "$S"; exit 1; }
 done
 if ! skip tests; then
+  step test_kernels 120 "$LOG/test_kernels.txt" $B/tests/kernels/test_kernels
+  grep -E "PASSED|FAILED" "$LOG/test_kernels.txt" | head -5 >> "$S"
   step test_prefill_ops 120 "$LOG/test_prefill_ops.txt" $TP
   grep -E "^FAIL|PASSED|FAILED" "$LOG/test_prefill_ops.txt" | head -20 >> "$S"
   step test_kda_chunk 240 "$LOG/test_kda_chunk.txt" $TC
@@ -67,10 +70,11 @@ if ! skip tests; then
 fi
 if ! skip model; then
   P=${KDA_PAB_POINTS:-"--pairs 128:1 --no-kernels --prefill 1:2048,8:2048 --score 1:8192,4:8192 --reps 5"}
-  for run in old1 new1 old2 new2; do
+  for run in old1 new1 old2 new2 old-prof new-prof; do
     cli=$B/cli/kda-cli; [ "${run:0:3}" = old ] && cli=.carry/old/kda-cli
-    step "bench-$run" 100 "$LOG/bench-$run.txt" bash -c "exec $cli bench \"$M17\" $P --json \"$OUT/pab-$run.json\""
-    echo "-- $run" >> "$S"; grep -E "prefill|score" "$LOG/bench-$run.txt" >> "$S"
+    t=; [ "${run#*-}" = prof ] && t="--tuning prof=1"
+    step "bench-$run" 100 "$LOG/bench-$run.txt" bash -c "exec $cli bench \"$M17\" $P $t --json \"$OUT/pab-$run.json\""
+    echo "-- $run" >> "$S"; grep -E "prefill|score|gemm|kda|attention|other" "$LOG/bench-$run.txt" >> "$S"
   done
 fi
 tar czf "$OUT/logs.tgz" -C /tmp kda-logs
