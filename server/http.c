@@ -234,6 +234,17 @@ static void add_cors(const http_conn *hc, struct MHD_Response *r)
     if (strcmp(origin, "*")) MHD_add_response_header(r, "Vary", "Origin");
 }
 
+/* A response is queued: the request is counted in /metrics now, not when the
+ * connection's completion callback runs. That callback runs after the last bytes
+ * went out, so a client that reads its answer and then asks /metrics (on another
+ * connection, served by another loop) could see the count before it moved. */
+static void queued(http_conn *hc, int status)
+{
+    hc->status = status;
+    hc->responded = 1;
+    metrics_request(hc->route, status);
+}
+
 static enum MHD_Result reply(http_conn *hc, int status, const char *ctype, char *body, size_t len, int retry_after)
 {
     static const char fallback[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"code\":500}}";
@@ -253,8 +264,7 @@ static enum MHD_Result reply(http_conn *hc, int status, const char *ctype, char 
     if (status == 401) MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
     enum MHD_Result ok = MHD_queue_response(hc->conn, (unsigned)status, r);
     MHD_destroy_response(r);
-    hc->status = status;
-    hc->responded = 1;
+    queued(hc, status);
     return ok;
 }
 
@@ -285,8 +295,7 @@ static enum MHD_Result reply_preflight(http_conn *hc)
     }
     enum MHD_Result ok = MHD_queue_response(hc->conn, 204, r);
     MHD_destroy_response(r);
-    hc->status = 204;
-    hc->responded = 1;
+    queued(hc, 204);
     return ok;
 }
 
@@ -309,8 +318,7 @@ static enum MHD_Result reply_page(http_conn *hc)
     if (!r) return MHD_NO;
     enum MHD_Result ok = MHD_queue_response(hc->conn, MHD_HTTP_OK, r);
     MHD_destroy_response(r);
-    hc->status = 200;
-    hc->responded = 1;
+    queued(hc, 200);
     return ok;
 }
 
@@ -754,8 +762,7 @@ static enum MHD_Result submit(http_conn *hc, int kind)
     add_cors(hc, r);
     enum MHD_Result ok = MHD_queue_response(hc->conn, MHD_HTTP_OK, r);
     MHD_destroy_response(r);
-    hc->status = 200;
-    hc->responded = 1;
+    queued(hc, 200);
     return ok;
 }
 
@@ -1020,7 +1027,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
         api_job_free(hc->job);
         atomic_fetch_sub(&h->jobs, 1);
     }
-    metrics_request(hc->route, hc->status);
+    if (!hc->responded) metrics_request(hc->route, hc->status);   /* no response was queued */
     srv_log(hc->route == ROUTE_HEALTH || hc->route == ROUTE_METRICS ? SRV_LOG_DEBUG : SRV_LOG_INFO,
             "%s %s %d %.1fms", hc->method, hc->url, hc->status, (srv_now() - hc->t0) * 1e3);
     /* keep-alive: the next request has the same deadline from now (a
