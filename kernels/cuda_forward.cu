@@ -308,7 +308,8 @@ static int join_side(cuda_backend *b)
 /* Items [i0, n_items) of the pass through the chunked kernel; the low-rank
  * GEMMs cover all T rows (the decode kernel of items [0, i0), which ran
  * before in stream order, is done with the scratch they overwrite). */
-static int kda_mixer_prefill(cuda_backend *b, const cu_layer *w, int T, int i0, int n_items, char *err, size_t errlen)
+static int kda_mixer_prefill(cuda_backend *b, const cu_layer *w, int T, int i0, int n_items, int planned, char *err,
+                             size_t errlen)
 {
     const cp_dims *d = &b->d;
     cudaStream_t s = b->st;
@@ -348,6 +349,9 @@ static int kda_mixer_prefill(cuda_backend *b, const cu_layer *w, int T, int i0, 
     a.gemm = b->tn.kda_chunk_gemm;
     a.bv = b->tn.kda_chunk_bv;
     a.seq_split = b->tn.kda_chunk_split;
+    /* the pass's first KDA layer plans the chunk table, the others reuse it (same items,
+     * T, workspace; only kc_kda_chunk writes there) */
+    a.plan_ready = planned;
     KC_CHECK(kc_kda_chunk(&a, s));
     PROF(b, KDA_PROF_KDA);
     return 0;
@@ -390,6 +394,7 @@ int cu_forward_prefill(cuda_backend *b, int T, int n_items, int n_dec, int max_c
      * profile's per-kind split needs one stream) */
     const int side = n_dec > 0 && n_items > n_dec && b->tn.mixed_reserve > 0 && !b->prof_on;
     const int stream_blocks = b->sms - b->tn.mixed_reserve > 0 ? b->sms - b->tn.mixed_reserve : 1;
+    int planned = 0; /* KDA layers run through the chunked kernel so far */
     PROF(b, -1);
     KC_CHECK(kc_embed(b->h, b->embed, b->dm.tok_ids, T, D, s));
     KC_CHECK(kc_hist_append(b->d_hist, d->max_seq_len, b->dm.tok_ids, b->dm.tok_pos, b->dm.tok_slot, T, s));
@@ -411,7 +416,7 @@ int cu_forward_prefill(cuda_backend *b, int T, int n_items, int n_dec, int max_c
             KC_CHECK(kda_mixer(b, w, n_dec, n_dec, s));
             PROF(b, KDA_PROF_KDA);
         }
-        if (kda && n_items > n_dec) rc = kda_mixer_prefill(b, w, T, n_dec, n_items, err, errlen);
+        if (kda && n_items > n_dec) rc = kda_mixer_prefill(b, w, T, n_dec, n_items, planned++ > 0, err, errlen);
         if (!rc && kda && n_dec && side && join_side(b)) rc = KDA_EDEVICE;
         if (!kda) rc = gqa_mixer_prefill(b, w, T, n_dec, n_items, max_ctx, side, err, errlen);
         if (rc) return rc;

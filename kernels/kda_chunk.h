@@ -74,6 +74,10 @@ typedef struct {
                             * the time; off on larger grids, where it does not pay: H200 recur ms on / off
                             * 1 x 2048 0.151 / 0.168, 1 x 8192 0.554 / 0.628, 1 x 512 0.041 / 0.044, 8 x 128
                             * 0.070 / 0.067), 1 = off, 2 = on */
+    int plan_ready;        /* 1: the workspace already holds the chunk table of these items and T (an
+                            * earlier call with the same items, T, seq_split and workspace, nothing
+                            * else written there since: the layers of one pass), so it is not
+                            * planned again; 0: plan it */
     int debug_stop_after;  /* tests: 1..4 runs stages 1..n only (plan+prep, intra, recurrence, output)
                             * and leaves state, tail and (n < 4) y untouched; 0 = everything */
 } kc_kda_chunk_args;

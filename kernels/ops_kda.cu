@@ -33,12 +33,18 @@ __global__ void __launch_bounds__(256, 2) kda_step_kernel(kc_kda_args a)
     /* K = 128 splits each column over two adjacent threads (64 rows each) to
      * keep the state in registers without spilling. */
     constexpr int SP = K >= 128 ? 2 : 1, KP = K / SP;
-    KC_PDL_WAIT();
-    KC_PDL_TRIGGER();
+    /* Before the PDL wait: the item table (uploaded before the step's first
+     * kernel) and this head's state, which no kernel of the step writes before
+     * this one (whatever wrote it earlier has completed: every kernel waits
+     * for its predecessor before it triggers its dependents), so the state's
+     * load overlaps the previous kernel's end. The conv tail is read after the
+     * wait (kc_kda_conv may write it). */
     const int item = blockIdx.x, h = blockIdx.y, j = threadIdx.x;
     const int slot = a.item_slot[item];
-    if (slot < 0) return;
-    const int row0 = a.item_row0[item], nt = a.item_ntok[item];
+    if (slot < 0) {
+        KC_PDL_WAIT();
+        return;
+    }
     const bool pre = OPT && a.preconv; /* q|k|v already activated, no tail (kc_kda_conv ran) */
     const int H = a.H, V = a.V, R = a.R, P = pre ? 0 : a.taps - 1;
     const int grp = OPT && a.group > 1 ? a.group : 1, hq = h / grp; /* GVA: the q/k head of this value head */
@@ -59,6 +65,9 @@ __global__ void __launch_bounds__(256, 2) kda_step_kernel(kc_kda_args a)
 #pragma unroll
         for (int d = 0; d < KP; d++) S[d] = BF ? bf2f(Sb[(size_t)(d0 + d) * V + sc]) : Sg[(size_t)(d0 + d) * V + sc];
     }
+    KC_PDL_WAIT();
+    KC_PDL_TRIGGER();
+    const int row0 = a.item_row0[item], nt = a.item_ntok[item];
     /* Conv window right-aligned in 4 registers: t[0..2] = previous raw
      * inputs (t[2] newest), w[3] the current token's tap. Taps < 4 leave
      * leading zero weights, which add exact zeros (same sum as the reference).
@@ -358,19 +367,23 @@ static __device__ __forceinline__ float2 ks_unpack2(unsigned u)
     return make_float2(__low2float(v), __high2float(v));
 }
 
-/* pair p = item * H + h: its state into sdst (16-byte copies) and the
- * prologue's vectors into vdst (4-byte copies: proj rows need not be
- * aligned); always one commit group, empty for padding items and past the end */
+/* pair p = item * H + h: its state into sdst (16-byte copies) if WHAT & KS_STATE
+ * and the prologue's vectors into vdst (4-byte copies: proj rows need not be
+ * aligned) if WHAT & KS_VECS; always one commit group, empty for padding items
+ * and past the end */
+enum { KS_STATE = 1, KS_VECS = 2 };
 template <bool BF>
 static __device__ __forceinline__ void ks_issue(const kc_kda_args &a, int p, int npairs, float *sdst, float *vdst,
-                                                const int *islot, const int *irow)
+                                                const int *islot, const int *irow, int what = KS_STATE | KS_VECS)
 {
     constexpr int K = KS_K, SB = ks_state_floats<BF>();
     if (p < npairs) {
         const int H = a.H, item = p / H, h = p % H, slot = islot[item];
-        if (slot >= 0) {
+        if (slot >= 0 && (what & KS_STATE)) {
             const float *src = a.state + (size_t)slot * a.slot_stride + (size_t)h * SB;
             for (int c = threadIdx.x; c < SB / 4; c += blockDim.x) cp_async16(sdst + 4 * c, src + 4 * c, true);
+        }
+        if (slot >= 0 && (what & KS_VECS)) {
             const size_t row = (size_t)irow[item];
             const float *pr = a.proj + row * a.ldp, *lr = a.lowrank + row * (size_t)(H * 2 * K);
             const int HK = H * K;
@@ -401,14 +414,26 @@ __global__ void __launch_bounds__(256, 1) kda_stream_kernel(kc_kda_args a)
     constexpr int K = KS_K, V = KS_K, SB = ks_state_floats<BF>();
     float *vec = sm + KS_NB * SB, *redk = vec + KS_NV * KS_VEC, *redo = redk + 8 * V;
     int *islot = (int *)(redo + 8 * V), *irow = islot + KS_MAX_ITEMS;
-    KC_PDL_WAIT();
-    KC_PDL_TRIGGER();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, H = a.H, npairs = a.n_items * H;
     const int p0 = blockIdx.x, ps = gridDim.x;
+    /* The first KS_NB pairs' states are copied before the PDL wait: no kernel
+     * of this step writes the recurrent state before this one (the prologue
+     * kernel before it writes proj, lowrank and the conv tail, which lies
+     * past the state in the slot; whatever wrote a state earlier has completed,
+     * since every kernel waits for its predecessor before it triggers its
+     * dependents), and the item tables are uploaded before the step's first
+     * kernel. So the state streams in while the prologue runs; the vectors,
+     * its outputs, are copied after the wait. Groups: states 0..2, then
+     * vectors 0..2, then one per later pair (both), so waiting until KS_NB - 1
+     * groups are pending still covers pair i's state and vectors. */
     for (int i = threadIdx.x; i < a.n_items; i += blockDim.x) islot[i] = a.item_slot[i], irow[i] = a.item_row0[i];
     __syncthreads();
 #pragma unroll
-    for (int i = 0; i < KS_NB; i++) ks_issue<BF>(a, p0 + i * ps, npairs, sm + i * SB, vec + i * KS_VEC, islot, irow);
+    for (int i = 0; i < KS_NB; i++) ks_issue<BF>(a, p0 + i * ps, npairs, sm + i * SB, nullptr, islot, irow, KS_STATE);
+    KC_PDL_WAIT();
+    KC_PDL_TRIGGER();
+#pragma unroll
+    for (int i = 0; i < KS_NB; i++) ks_issue<BF>(a, p0 + i * ps, npairs, nullptr, vec + i * KS_VEC, islot, irow, KS_VECS);
     int sb = 0, vb = 0; /* this pair's state buffer and vector slot */
     for (int p = p0; p < npairs; p += ps) {
         cp_async_wait<KS_NB - 1>(); /* this pair's copies (this thread's) */

@@ -1376,11 +1376,41 @@ static __host__ __device__ int out_smem_floats(int K, int V)
     return a > b ? a : b;
 }
 
+/* ---- tail: the new conv tail, the last taps - 1 raw rows of q | k | v (after
+ * prep read the old one). Unit u of the call's n_items * ceil(Cc / 256) units:
+ * item u / ceil(Cc / 256), 256 columns from (u % ceil(Cc / 256)) * 256, one a
+ * thread. It runs in extra blocks of the output stage's launch (nothing there
+ * reads the tail, and prep, which read the old one, is complete), so a call
+ * has one launch fewer; short prompts are a chain of latency-bound launches. */
+static __host__ __device__ int tail_units(const kc_kda_chunk_args &a)
+{
+    return a.n_items * ((2 * a.H * a.K + a.H * a.V + KC_THREADS - 1) / KC_THREADS);
+}
+static __device__ void chunk_tail(const kc_kda_chunk_args &a, const ChunkWs &w, int u)
+{
+    const int H = a.H, Cc = 2 * H * a.K + H * a.V, P = a.taps - 1, cb = (Cc + KC_THREADS - 1) / KC_THREADS;
+    const int item = u / cb, col = (u % cb) * KC_THREADS + (int)threadIdx.x;
+    if (item >= a.n_items || w.item_nchunks[item] == 0 || col >= Cc) return;
+    const int nt = a.item_ntok[item], row0 = a.item_row0[item];
+    float *tail = a.state + (size_t)a.item_slot[item] * a.slot_stride + kc_tail_off(H, a.K, a.V, a.state_bf16);
+    for (int m = 0; m < P; m++) {
+        const int pos = nt - P + m;
+        tail[(size_t)m * Cc + col] = pos >= 0 ? a.proj[(size_t)(row0 + pos) * a.ldp + col] : tail[(size_t)(m + nt) * Cc + col];
+    }
+}
+
+/* grid (max_chunks + tail_x, H, rsplit): blocks x < max_chunks compute the output
+ * of chunk x; the others (tail_x > 0) take the tail's units, one a block, numbered
+ * over (x - max_chunks, y, z) */
 template <int MODE>
 __global__ void __launch_bounds__(KC_THREADS) kc_chunk_out_kernel(kc_kda_chunk_args a, ChunkWs w, int rsplit)
 {
     KC_PDL_WAIT();
     KC_PDL_TRIGGER();
+    if ((int)blockIdx.x >= w.max_chunks) {
+        chunk_tail(a, w, (((int)blockIdx.x - w.max_chunks) * (int)gridDim.y + (int)blockIdx.y) * rsplit + (int)blockIdx.z);
+        return;
+    }
     ChunkPos cp;
     if (!chunk_pos(a, w, blockIdx.x, &cp)) return;
     const int h = blockIdx.y, n = cp.n, row0 = cp.row0;
@@ -1485,22 +1515,6 @@ __global__ void __launch_bounds__(KC_THREADS) kc_chunk_out_kernel(kc_kda_chunk_a
 /* ---- tail: block per (item, 256 channels): the last taps-1 raw inputs of
  * (old tail ++ the item's rows). Row m reads old row m + ntok (> m) before
  * that row is rewritten. Runs after prep has read the old tail. */
-__global__ void __launch_bounds__(256) kc_chunk_tail_kernel(kc_kda_chunk_args a, ChunkWs w)
-{
-    KC_PDL_WAIT();
-    KC_PDL_TRIGGER();
-    const int item = blockIdx.x;
-    if (w.item_nchunks[item] == 0) return;
-    const int H = a.H, Cc = 2 * H * a.K + H * a.V, P = a.taps - 1;
-    const int col = blockIdx.y * 256 + threadIdx.x;
-    if (col >= Cc) return;
-    const int nt = a.item_ntok[item], row0 = a.item_row0[item];
-    float *tail = a.state + (size_t)a.item_slot[item] * a.slot_stride + kc_tail_off(H, a.K, a.V, a.state_bf16);
-    for (int m = 0; m < P; m++) {
-        const int pos = nt - P + m;
-        tail[(size_t)m * Cc + col] = pos >= 0 ? a.proj[(size_t)(row0 + pos) * a.ldp + col] : tail[(size_t)(m + nt) * Cc + col];
-    }
-}
 
 /* ---- launcher ---- */
 static int sm_count(void)
@@ -1573,7 +1587,7 @@ static int run_chunk_stages(const kc_kda_chunk_args *a, const ChunkWs &w, int bv
         smem_allow(kc_chunk_out_kernel<MODE>, sm_out, &allow_out) ||
         (split && smem_allow(kc_chunk_combine_kernel<MODE>, sm_comb, &allow_comb)))
         return -7;
-    KC_CHUNK_LAUNCH("plan", kc_chunk_plan_kernel, dim3(1), dim3(1024), 0, s, *a, w);
+    if (!a->plan_ready) KC_CHUNK_LAUNCH("plan", kc_chunk_plan_kernel, dim3(1), dim3(1024), 0, s, *a, w);
     KC_CHUNK_LAUNCH("prep", kc_chunk_prep_kernel, dim3(maxc, H, 3), dim3(KC_PREP_THREADS), (size_t)KC_CH * K * 4, s, *a, w);
     if (stop == 1) return 0;
     if (isplit) { /* K >= 64: 32-channel slices */
@@ -1605,10 +1619,10 @@ static int run_chunk_stages(const kc_kda_chunk_args *a, const ChunkWs &w, int bv
     int rsplit = a->out_split;
     const long out_cap = 12L * sm_count();
     if (!rsplit) rsplit = (long)maxc * H * 4 <= out_cap ? 4 : (long)maxc * H * 2 <= out_cap ? 2 : 1;
-    KC_CHUNK_LAUNCH("out", kc_chunk_out_kernel<MODE>, dim3(maxc, H, rsplit), dim3(KC_THREADS), sm_out, s, *a, w, rsplit);
-    if (stop == 4) return 0;
-    const int Cc = 2 * H * K + H * V;
-    if (a->taps > 1) KC_CHUNK_LAUNCH("tail", kc_chunk_tail_kernel, dim3(a->n_items, (Cc + 255) / 256), dim3(256), 0, s, *a, w);
+    /* the tail's blocks after the chunks' (none when stopping after the output stage) */
+    const int per_x = H * rsplit, tail_x = stop == 0 && a->taps > 1 ? (tail_units(*a) + per_x - 1) / per_x : 0;
+    KC_CHUNK_LAUNCH("out", kc_chunk_out_kernel<MODE>, dim3(maxc + tail_x, H, rsplit), dim3(KC_THREADS), sm_out, s, *a, w,
+                    rsplit);
     return 0;
 }
 

@@ -539,6 +539,8 @@ typedef struct {
     int diag;     /* always run the stage-by-stage checks */
     int small;    /* runs in KDA_CHUNK_TEST_QUICK=2 whatever its length */
     int vs_step;  /* also compare with kc_kda_step on the same inputs */
+    int plan_reuse; /* the chunk table from an earlier call on the same items (plan + prep only),
+                     * the real call with plan_ready = 1: the layers of one pass */
     int pieces;   /* > 0: item 0 is fed in this many calls (continuation), see piece_len */
     int piece_len[8];
 } kcase;
@@ -634,8 +636,13 @@ static int run_case(const kcase *kc)
     } else {
         set_items(&d, row0, kc->ntok, kc->slot, n_items);
         kc_kda_chunk_args a;
+        if (kc->plan_reuse) { /* plans, leaves state, tail and y alone */
+            fill_args(&a, &p, &d, n_items, kc->vr, 1);
+            rc = kc_kda_chunk(&a, 0);
+        }
         fill_args(&a, &p, &d, n_items, kc->vr, 0);
-        rc = kc_kda_chunk(&a, 0);
+        a.plan_ready = kc->plan_reuse;
+        if (!rc) rc = kc_kda_chunk(&a, 0);
     }
     KT_CK(cudaDeviceSynchronize());
     if (rc) {
@@ -1227,6 +1234,18 @@ int main(int argc, char **argv)
         c = &cs[n];
         add_single(c, "intra_split=2 simt K=64 T=90", 2, 64, 4, 90, GATE_NORMAL, KC_KDA_GEMM_SIMT), c->vr.isplit = 2;
         c->small = 1, n++;
+    }
+    /* the chunk table planned by an earlier call (the backend plans once per pass) */
+    {
+        kcase *c = &cs[n++];
+        memset(c, 0, sizeof *c);
+        c->name = "plan reused varlen K=64", c->H = 2, c->K = 64, c->V = 64, c->taps = 4, c->n_slots = 6;
+        const int nt[] = {1, 70, 17, 64, 0, 30};
+        const int sl[] = {0, 2, -1, 3, 4, 5};
+        c->n_items = 6, c->plan_reuse = 1, c->small = 1;
+        memcpy(c->ntok, nt, sizeof nt), memcpy(c->slot, sl, sizeof sl);
+        c = &cs[n];
+        add_single(c, "plan reused K=128 T=130", 2, 128, 4, 130, GATE_NORMAL, 0), c->plan_reuse = 1, c->small = 1, n++;
     }
     /* the sequence split: segments of >= 4 chunks, mixed with unsplit items */
     {
