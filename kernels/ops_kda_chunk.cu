@@ -1382,13 +1382,14 @@ static __host__ __device__ int out_smem_floats(int K, int V)
  * thread. It runs in extra blocks of the output stage's launch (nothing there
  * reads the tail, and prep, which read the old one, is complete), so a call
  * has one launch fewer; short prompts are a chain of latency-bound launches. */
-static __host__ __device__ int tail_units(const kc_kda_chunk_args &a)
+static __host__ __device__ int tail_col_blocks(const kc_kda_chunk_args &a)
 {
-    return a.n_items * ((2 * a.H * a.K + a.H * a.V + KC_THREADS - 1) / KC_THREADS);
+    return (2 * a.H * a.K + a.H * a.V + KC_THREADS - 1) / KC_THREADS;
 }
+/* Row m reads old row m + ntok (> m) before that row is rewritten. */
 static __device__ void chunk_tail(const kc_kda_chunk_args &a, const ChunkWs &w, int u)
 {
-    const int H = a.H, Cc = 2 * H * a.K + H * a.V, P = a.taps - 1, cb = (Cc + KC_THREADS - 1) / KC_THREADS;
+    const int H = a.H, Cc = 2 * H * a.K + H * a.V, P = a.taps - 1, cb = tail_col_blocks(a);
     const int item = u / cb, col = (u % cb) * KC_THREADS + (int)threadIdx.x;
     if (item >= a.n_items || w.item_nchunks[item] == 0 || col >= Cc) return;
     const int nt = a.item_ntok[item], row0 = a.item_row0[item];
@@ -1512,10 +1513,6 @@ __global__ void __launch_bounds__(KC_THREADS) kc_chunk_out_kernel(kc_kda_chunk_a
     }
 }
 
-/* ---- tail: block per (item, 256 channels): the last taps-1 raw inputs of
- * (old tail ++ the item's rows). Row m reads old row m + ntok (> m) before
- * that row is rewritten. Runs after prep has read the old tail. */
-
 /* ---- launcher ---- */
 static int sm_count(void)
 {
@@ -1620,7 +1617,7 @@ static int run_chunk_stages(const kc_kda_chunk_args *a, const ChunkWs &w, int bv
     const long out_cap = 12L * sm_count();
     if (!rsplit) rsplit = (long)maxc * H * 4 <= out_cap ? 4 : (long)maxc * H * 2 <= out_cap ? 2 : 1;
     /* the tail's blocks after the chunks' (none when stopping after the output stage) */
-    const int per_x = H * rsplit, tail_x = stop == 0 && a->taps > 1 ? (tail_units(*a) + per_x - 1) / per_x : 0;
+    const int per_x = H * rsplit, tail_x = stop == 0 && a->taps > 1 ? (a->n_items * tail_col_blocks(*a) + per_x - 1) / per_x : 0;
     KC_CHUNK_LAUNCH("out", kc_chunk_out_kernel<MODE>, dim3(maxc + tail_x, H, rsplit), dim3(KC_THREADS), sm_out, s, *a, w,
                     rsplit);
     return 0;

@@ -156,7 +156,7 @@ def lm_eval_together(srv, a, vocab, mode):
     t1 = time.time()
     if mode == "batch":
         r = srv.post("/v1/completions", dict(body, prompt=prompts))
-        choices, usage = r["choices"], [r["usage"]]
+        choices, usage = sorted(r["choices"], key=lambda c: c["index"]), [r["usage"]]
     else:
         with ThreadPoolExecutor(len(prompts)) as ex:
             rs = list(ex.map(lambda p: srv.post("/v1/completions", dict(body, prompt=p)), prompts))
@@ -164,8 +164,7 @@ def lm_eval_together(srv, a, vocab, mode):
     wall = time.time() - t1
     prompt = sum(u["prompt_tokens"] for u in usage)
     hit = sum((u.get("prompt_tokens_details") or {}).get("cached_tokens", 0) for u in usage)
-    lps = [c["logprobs"]["token_logprobs"] for c in sorted(choices, key=lambda c: c["index"])] if mode == "batch" \
-        else [c["logprobs"]["token_logprobs"] for c in choices]
+    lps = [c["logprobs"]["token_logprobs"] for c in choices]
     return {"wall_s": round(wall, 4), "prompt_tokens": prompt, "prompt_tokens_computed": prompt - hit}, lps
 
 
@@ -249,8 +248,7 @@ def main():
         yard = {"flags": a.yardstick,
                 "shared_prompt_outputs_equal": {w: sum(x == y for x, y in zip(outs_y[0][w], outs_off[0][w]))
                                                 for w in ("cold", "warm")},
-                "lm_eval_max_abs_logprob_diff": max(abs(x - y) for la, lb in zip(outs_y[1], outs_off[1])
-                                                    for x, y in zip(la, lb) if x is not None and y is not None),
+                "lm_eval_max_abs_logprob_diff": lp_max(outs_y[1], outs_off[1]),
                 "chat_turns_equal": sum(x == y for x, y in zip(outs_y[2], outs_off[2]))}
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
