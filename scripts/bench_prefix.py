@@ -79,6 +79,31 @@ class Server:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return json.loads(r.read())
 
+    def post_timed(self, path, body, timeout=3600):
+        """post, and where the client's time went (ms): until the response
+        headers came (the server's work), reading the body, parsing it."""
+        t0 = time.time()
+        req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            t1 = time.time()
+            raw = r.read()
+        t2 = time.time()
+        out = json.loads(raw)
+        t3 = time.time()
+        return out, {"headers_ms": (t1 - t0) * 1e3, "body_ms": (t2 - t1) * 1e3, "parse_ms": (t3 - t2) * 1e3,
+                     "body_bytes": len(raw)}
+
+    def metrics(self):
+        """every sample of /metrics, by its name with labels"""
+        out = {}
+        with urllib.request.urlopen(self.url + "/metrics", timeout=10) as r:
+            for line in r.read().decode().splitlines():
+                if line and not line.startswith("#"):
+                    k, v = line.rsplit(None, 1)
+                    out[k] = float(v)
+        return out
+
     def metric(self, name):
         with urllib.request.urlopen(self.url + "/metrics", timeout=10) as r:
             for line in r.read().decode().splitlines():
@@ -93,6 +118,26 @@ class Server:
         except subprocess.TimeoutExpired:
             self.proc.kill()
         self.log.close()
+
+
+BREAKDOWN = {"steps": "kda_engine_steps_total", "step_tokens": "kda_engine_step_tokens_total",
+             "engine_step_ms": "kda_engine_step_seconds_sum", "e2e_ms": "vllm:e2e_request_latency_seconds_sum"}
+PHASES = ("idle", "admit", "build", "engine", "wait", "outputs", "wake")
+
+
+def breakdown(m0, m1):
+    """what the server did between two /metrics samples: steps, tokens fed,
+    the time of its engine steps and of each scheduler phase (ms)"""
+    def get(m, name):  # a sample's value, summed over its labels
+        return sum(v for k, v in m.items() if k == name or k.startswith(name + "{"))
+    d = {}
+    for k, name in BREAKDOWN.items():
+        v = get(m1, name) - get(m0, name)
+        d[k] = round(v * 1e3, 2) if k.endswith("_ms") else int(round(v))
+    for ph in PHASES:
+        name = f'kda_scheduler_seconds_total{{phase="{ph}"}}'
+        d["sched_" + ph + "_ms"] = round((m1.get(name, 0.0) - m0.get(name, 0.0)) * 1e3, 2)
+    return d
 
 
 def cached(r):
@@ -120,23 +165,25 @@ def shared_prompt(srv, a, vocab):
     return waves, outs
 
 
-def lm_eval(srv, a, vocab):
-    context = rng_tokens(2, a.context_tokens, vocab)
+def lm_eval(srv, a, vocab, rep=0):
+    context = rng_tokens(2 + 100 * rep, a.context_tokens, vocab)
     conts = [rng_tokens(3 + i, n, vocab) for i, n in enumerate([8, 13, 21, 32, 1, 17, 26, 9])]
     # one by one; between two requests (outside the timed part) the server's
     # own e2e time (arrival to finish) is read from /metrics, to show where
     # the client's wall time goes
     res, per = [], []
     for c in conts:
-        e0 = srv.metric("vllm:e2e_request_latency_seconds_sum")
+        m0 = srv.metrics()
         t1 = time.time()
-        r = srv.post("/v1/completions", {"prompt": context + c, "max_tokens": 1, "logprobs": 1, "echo": True,
-                                         "temperature": 0, "seed": 1234})
+        r, ct = srv.post_timed("/v1/completions", {"prompt": context + c, "max_tokens": 1, "logprobs": 1,
+                                                  "echo": True, "temperature": 0, "seed": 1234})
         ms = (time.time() - t1) * 1e3
+        bd = breakdown(m0, srv.metrics())
         res.append(r)
-        per.append({"client_ms": round(ms, 2),
-                    "server_e2e_ms": round((srv.metric("vllm:e2e_request_latency_seconds_sum") - e0) * 1e3, 2),
-                    "prompt_tokens": r["usage"]["prompt_tokens"], "cached": cached(r)})
+        per.append({"client_ms": round(ms, 2), "server_e2e_ms": bd["e2e_ms"],
+                    "prompt_tokens": r["usage"]["prompt_tokens"], "cached": cached(r),
+                    "steps": bd["steps"], "step_tokens": bd["step_tokens"], "engine_step_ms": bd["engine_step_ms"],
+                    **{k: round(v, 2) for k, v in ct.items()}})
     wall = sum(p["client_ms"] for p in per) / 1e3
     prompt = sum(r["usage"]["prompt_tokens"] for r in res)
     lps = [r["choices"][0]["logprobs"]["token_logprobs"] for r in res]
@@ -144,28 +191,34 @@ def lm_eval(srv, a, vocab):
             "requests": per}, lps
 
 
-def lm_eval_together(srv, a, vocab, mode):
+def lm_eval_together(srv, a, vocab, mode, rep=0):
     """The same workload as lm-eval sends it with batch_size=8 (mode "batch": one request whose
     prompt is the list of the 8 prompts) or num_concurrent=8 (mode "concurrent": 8 requests at
     once), the prompts in lm-eval's order (longest first). Its own context, so that it does not
     hit what the one-by-one workload cached."""
-    context = rng_tokens(5 if mode == "batch" else 6, a.context_tokens, vocab)
+    context = rng_tokens((5 if mode == "batch" else 6) + 100 * rep, a.context_tokens, vocab)
     conts = [rng_tokens(3 + i, n, vocab) for i, n in enumerate([8, 13, 21, 32, 1, 17, 26, 9])]
     prompts = sorted((context + c for c in conts), key=lambda t: (-len(t), tuple(t)))
     body = {"max_tokens": 1, "logprobs": 1, "echo": True, "temperature": 0, "seed": 1234}
+    m0 = srv.metrics()
     t1 = time.time()
+    client = None
     if mode == "batch":
-        r = srv.post("/v1/completions", dict(body, prompt=prompts))
+        r, client = srv.post_timed("/v1/completions", dict(body, prompt=prompts))
         choices, usage = sorted(r["choices"], key=lambda c: c["index"]), [r["usage"]]
     else:
         with ThreadPoolExecutor(len(prompts)) as ex:
             rs = list(ex.map(lambda p: srv.post("/v1/completions", dict(body, prompt=p)), prompts))
         choices, usage = [c for r in rs for c in r["choices"]], [r["usage"] for r in rs]
     wall = time.time() - t1
+    bd = breakdown(m0, srv.metrics())
+    if client:
+        bd.update({"client_" + k: round(v, 2) for k, v in client.items()})
     prompt = sum(u["prompt_tokens"] for u in usage)
     hit = sum((u.get("prompt_tokens_details") or {}).get("cached_tokens", 0) for u in usage)
     lps = [c["logprobs"]["token_logprobs"] for c in choices]
-    return {"wall_s": round(wall, 4), "prompt_tokens": prompt, "prompt_tokens_computed": prompt - hit}, lps
+    return {"wall_s": round(wall, 4), "prompt_tokens": prompt, "prompt_tokens_computed": prompt - hit,
+            "server": bd}, lps
 
 
 def chat(srv, a, vocab):
@@ -190,6 +243,18 @@ def run(a, cache_on, vocab, env, extra=(), tag=None):
     flags += a.server_arg + list(extra)
     log = os.path.join(a.log_dir, f"server-{tag or ('cache' if cache_on else 'nocache')}.log")
     srv = Server(a.server, a.model, flags, log, env)
+    if a.lm_eval_only:
+        try:
+            reps = []
+            for rep in range(a.repeat):
+                le, le_lps = lm_eval(srv, a, vocab, rep)
+                lb, lb_lps = lm_eval_together(srv, a, vocab, "batch", rep)
+                lc, lc_lps = lm_eval_together(srv, a, vocab, "concurrent", rep)
+                reps.append(({"lm_eval": le, "lm_eval_batch8": lb, "lm_eval_concurrent8": lc},
+                             (le_lps, lb_lps, lc_lps)))
+        finally:
+            srv.stop()
+        return reps
     try:
         sp, sp_out = shared_prompt(srv, a, vocab)
         le, le_lps = lm_eval(srv, a, vocab)
@@ -226,6 +291,11 @@ def main():
                     help="also run the no-cache server with these flags (e.g. '--prefill-chunk 64'): how far "
                          "outputs move when only step boundaries change, the scale for the cache's differences "
                          "on a backend whose numbers depend on them (CUDA, bf16)")
+    ap.add_argument("--lm-eval-only", action="store_true",
+                    help="only the three lm-eval forms, --repeat times each (own contexts), cache on vs off, "
+                         "with the server's own breakdown (steps, engine time, scheduler phases); ratios are "
+                         "the medians over the repeats")
+    ap.add_argument("--repeat", type=int, default=1)
     a = ap.parse_args()
     a.server_arg = [x for arg in a.server_arg for x in arg.split("=", 1)] if a.server_arg else []
     vocab = json.load(open(os.path.join(a.model, "config.json")))["vocab_size"]
@@ -234,6 +304,8 @@ def main():
         env["LD_LIBRARY_PATH"] = os.environ["KDA_LIB_PATH"]
     if a.threads:
         env["OMP_NUM_THREADS"] = str(a.threads)
+    if a.lm_eval_only:
+        return lm_eval_only(a, vocab, env)
     on, outs_on = run(a, True, vocab, env)
     off, outs_off = run(a, False, vocab, env)
     # agreement of the cached outputs with the no-cache ones
@@ -294,6 +366,44 @@ def main():
     print(json.dumps({"ratios": res["ratios"], "exactness": res["exactness"], "targets": res["targets"],
                       "chat_ttft_cache": on["chat"]["ttft_ms"], "chat_ttft_nocache": off["chat"]["ttft_ms"]},
                      indent=1))
+    print("wrote", a.out)
+
+
+def machine(a):
+    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+    return {"date": datetime.datetime.utcnow().strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "machine": {"host": platform.node(), "cpu": cpu, "cores": os.cpu_count(), "device": a.device,
+                        "note": a.note},
+            "commit": os.environ.get("KDA_COMMIT", commit), "model": os.path.abspath(a.model)}
+
+
+def lm_eval_only(a, vocab, env):
+    on = run(a, True, vocab, env)
+    off = run(a, False, vocab, env)
+    forms = ("lm_eval", "lm_eval_batch8", "lm_eval_concurrent8")
+    def med(xs):
+        xs = sorted(xs)
+        return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
+    def lp_max(xs, ys):
+        return max(abs(x - y) for la, lb in zip(xs, ys) for x, y in zip(la, lb) if x is not None and y is not None)
+    ratios, diffs = {}, {}
+    for i, f in enumerate(forms):
+        w = [c[0][f]["wall_s"] / n[0][f]["wall_s"] for c, n in zip(on, off)]
+        t = [c[0][f]["prompt_tokens_computed"] / n[0][f]["prompt_tokens_computed"] for c, n in zip(on, off)]
+        ratios[f + "_wall"] = round(med(w), 4)
+        ratios[f + "_wall_each"] = [round(x, 4) for x in w]
+        ratios[f + "_tokens_computed"] = round(med(t), 4)
+        diffs[f + "_max_abs_logprob_diff"] = max(lp_max(c[1][i], n[1][i]) for c, n in zip(on, off))
+    res = dict(machine(a), params={"context_tokens": a.context_tokens, "threads": a.threads, "repeat": a.repeat,
+                                   "server_arg": a.server_arg},
+               cache=[c[0] for c in on], no_cache=[n[0] for n in off], ratios=ratios, exactness=diffs)
+    res["targets"] = {"lm_eval_wall<=1/3": ratios["lm_eval_wall"] <= 1 / 3,
+                      "lm_eval_wall<=1/3 (batch_size=8)": ratios["lm_eval_batch8_wall"] <= 1 / 3,
+                      "lm_eval_wall<=1/3 (num_concurrent=8)": ratios["lm_eval_concurrent8_wall"] <= 1 / 3}
+    json.dump(res, open(a.out, "w"), indent=1)
+    print(json.dumps({"ratios": ratios, "exactness": diffs, "targets": res["targets"]}, indent=1))
     print("wrote", a.out)
 
 

@@ -15,6 +15,9 @@
 #      with --prefill-chunk 64 --step-tokens 256 --step-tokens-idle 256 (every prompt cut into
 #      256-token steps), whose differences from the no-cache run are the scale of what
 #      step boundaries alone change in bf16 on random weights (exactness.yardstick_no_cache).
+# With --lm-eval-only: no tests, only the three lm-eval forms (bench_prefix.py
+# --lm-eval-only --repeat 3, the server's step trace in its debug log) into
+# $OUT/prefix-lmeval.json, about 2 minutes.
 # Outputs: $OUT/prefix-h200.json (commit under bench/results/), $OUT/prefix.txt
 # (summary), $OUT/logs.tgz (server logs). About 4-7 minutes (the device limit is 10).
 source "$(dirname "$0")/gpu-env.sh"
@@ -26,6 +29,16 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
 ( time python3 scripts/gen_checkpoint.py "$M17S" --preset 1.7b --vocab 256 --tokenizer bytes ) \
   > "$LOG/gen.txt" 2>&1 &
 gen_pid=$!
+if [ "${1:-}" = --lm-eval-only ]; then
+  wait $gen_pid || exit 1
+  timeout 400 python3 scripts/bench_prefix.py --server $B/server/kda-server --model "$M17S" --device cuda \
+    --context-tokens 1024 --lm-eval-only --repeat ${KDA_PREFIX_REPEAT:-3} --server-arg=--log-level=debug \
+    --log-dir "$LOG" --out "$OUT/prefix-lmeval.json"
+  rc=$?
+  for f in "$LOG"/server-*.log; do grep -E " step: " "$f" > "$OUT/steps-$(basename "$f" .log).txt"; done
+  tar czf "$OUT/logs.tgz" -C /tmp kda-logs
+  exit $rc
+fi
 echo "== test_cuda_model, prefix tests"
 ours KDA_TEST_ONLY=prefix timeout 150 $B/tests/kernels/test_cuda_model > "$LOG/test_cuda_prefix.txt" 2>&1
 r=$?; [ $r = 0 ] || rc=1; echo "rc=$r"

@@ -133,6 +133,7 @@ struct sched {
     double *itl;                /* [max_batch] inter-token gaps of one step, recorded together */
     int n_flight, n_flight_tok; /* items and tokens of the step in flight (items[], item_seq[]) */
     double t_flight;            /* when it began */
+    double t_prev_end;          /* when the step before it ended (the debug step trace) */
     run_seq **emit_list;        /* [max_batch] sequences with emit_pending */
     int n_emit;
     int n_itl, n_gen_step;      /* gaps and generated tokens of the step so far */
@@ -870,6 +871,14 @@ static void step_finish(sched *s)
         fail_step(s, n, rc, err);
         return;
     }
+    if (srv_log_level >= SRV_LOG_DEBUG) { /* the step trace: where a request's time goes between steps */
+        int rows = 0;
+        for (int i = 0; i < n; i++) rows += s->items[i].n_tokens > 1 || s->item_seq[i]->n_done < s->item_seq[i]->t->n_prompt;
+        srv_log(SRV_LOG_DEBUG, "step: %d sequences (%d prompt chunks), %d tokens; %.3f ms launch to end, %.3f ms "
+                "from the previous step's end to this launch", n, rows, s->n_flight_tok, (s->t_mark - s->t_flight) * 1e3,
+                s->t_prev_end > 0 ? (s->t_flight - s->t_prev_end) * 1e3 : 0.0);
+    }
+    s->t_prev_end = s->t_mark;
     for (int i = 0; i < n; i++) {
         run_seq *r = s->item_seq[i];
         sched_task *t = r->t;
