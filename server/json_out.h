@@ -3,13 +3,16 @@
  * per-token arrays of responses (8192 log-probs, ids, token strings, alternatives),
  * where one cJSON node per value costs more than the engine's work on CPU-cheap paths.
  *
- * Invariant: every writer emits exactly the bytes cJSON 1.7 (cJSON_PrintUnformatted)
- * emits for the same value, so a response mixes these with cJSON-rendered parts
- * freely: numbers as "%1.15g" when that reads back within cJSON's tolerance, else
- * "%1.17g" (so a float32 log-prob round-trips), NaN and infinities as null; strings
- * with '"', '\\', \b \f \n \r \t escaped and other bytes below 0x20 as \u00XX (the
- * caller makes them valid UTF-8 first). tests/server/test_json_out.c checks this
- * against the cJSON library on random values.
+ * Invariant: every writer but json_float emits exactly the bytes cJSON 1.7
+ * (cJSON_PrintUnformatted) emits for the same value, so a response mixes these with
+ * cJSON-rendered parts freely: numbers as "%1.15g" when that reads back within cJSON's
+ * tolerance, else "%1.17g", NaN and infinities as null; strings with '"', '\\', \b \f
+ * \n \r \t escaped and other bytes below 0x20 as \u00XX (the caller makes them valid
+ * UTF-8 first). json_float, for float32 values (log-probs), prints "%.9g": the fewest
+ * digits that always read back as the same float32 (json_out.c says why), integers
+ * below 10^15 as their digits and NaN and infinities as null as cJSON does.
+ * tests/server/test_render.c checks both against the cJSON library and printf on
+ * random values.
  *
  * A write that cannot grow the buffer sets failed and the buffer keeps what it had;
  * callers check failed once at the end.
@@ -59,8 +62,8 @@ static inline char *utf8_put_clean(char *o, const unsigned char **p, const unsig
 void json_int(json_buf *b, int64_t v);
 /* A double as cJSON prints it. */
 void json_number(json_buf *b, double d);
-/* (double)f as cJSON prints it (the same bytes as json_number((double)f)), without
- * printf and scanf for the usual range of log-probs. */
+/* f as "%.9g" (it reads back as f), an integer below 10^15 as its digits, NaN and
+ * infinities as null; without printf for every normal float. */
 void json_float(json_buf *b, float f);
 /* Pointer-level writers for the hot loops: the caller has reserved JSON_NUMBER_MAX
  * bytes at o and sets len (and the NUL) itself. Each returns the end of what it wrote. */

@@ -2,7 +2,9 @@
  * render_reference.c - the oracle for tests/server/test_render.c: kda-server's response
  * rendering as it was before server/json_out.c (commit 1dc4d7b, server/api.c), one cJSON
  * node per value printed by cJSON_PrintUnformatted. Kept verbatim but for the names
- * (ref_ prefix) so the test can hold the new writer to the old bytes.
+ * (ref_ prefix) so the test can hold the new writer to the old bytes, and for the
+ * float32 log-probs, which kda-server prints with 9 significant digits since 2026-12-07
+ * (server/json_out.h): here by printf's "%.9g" (ref_float).
  */
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -46,6 +48,17 @@ static char *utf8_clean(const char *s, size_t n)
 }
 
 /* cJSON_CreateIntArray gives NULL (and the member is dropped) for no ids. */
+/* A float32 log-prob: NaN and infinities null, an integer below 10^15 as cJSON prints
+ * it (its digits), anything else printf's "%.9g". */
+static cJSON *ref_float(float f)
+{
+    double d = f;
+    if (!isfinite(d) || (fabs(d) < 1e15 && d == floor(d))) return cJSON_CreateNumber(d);
+    char t[40];
+    snprintf(t, sizeof t, "%.9g", d);
+    return cJSON_CreateRaw(t);
+}
+
 static cJSON *int_array(const int32_t *ids, int n)
 {
     return n > 0 ? cJSON_CreateIntArray((const int *)ids, n) : cJSON_CreateArray();
@@ -147,13 +160,13 @@ static cJSON *generate_logprobs(const sched_out *o, int n_top)
     cJSON *tl = cJSON_AddArrayToObject(lp, "token_logprobs");
     cJSON *top = n_top ? cJSON_AddArrayToObject(lp, "top_logprobs") : NULL;
     for (int i = 0; i < o->n; i++) {
-        cJSON_AddItemToArray(tl, cJSON_CreateNumber(o->lps[i]));
+        cJSON_AddItemToArray(tl, ref_float(o->lps[i]));
         if (!top) continue;
         cJSON *alts = cJSON_CreateArray();
         for (int k = 0; k < n_top; k++) {
             cJSON *a = cJSON_CreateObject();
             cJSON_AddNumberToObject(a, "id", o->top_ids[(size_t)i * n_top + k]);
-            cJSON_AddNumberToObject(a, "logprob", o->top_lps[(size_t)i * n_top + k]);
+            cJSON_AddItemToObject(a, "logprob", ref_float(o->top_lps[(size_t)i * n_top + k]));
             cJSON_AddItemToArray(alts, a);
         }
         cJSON_AddItemToArray(top, alts);
@@ -191,13 +204,13 @@ static void oa_add(const api_ctx *ctx, oa_logprobs *l, int32_t id, int has_lp, f
         free(s);
         return;
     }
-    cJSON_AddItemToArray(l->lps, cJSON_CreateNumber(lp));
+    cJSON_AddItemToArray(l->lps, ref_float(lp));
     cJSON *d = cJSON_CreateObject();
-    cJSON_AddNumberToObject(d, s ? s : "", lp);
+    cJSON_AddItemToObject(d, s ? s : "", ref_float(lp));
     for (int k = 0; k < n_top; k++) {
         size_t m = token_text(ctx, top_ids[k], buf, sizeof buf);
         char *a = utf8_clean(buf, m);
-        if (a && !cJSON_GetObjectItemCaseSensitive(d, a)) cJSON_AddNumberToObject(d, a, top_lps[k]);
+        if (a && !cJSON_GetObjectItemCaseSensitive(d, a)) cJSON_AddItemToObject(d, a, ref_float(top_lps[k]));
         free(a);
     }
     cJSON_AddItemToArray(l->top, d);
@@ -241,7 +254,7 @@ static cJSON *chat_token(const api_ctx *ctx, int32_t id, float lp, int with_top)
     size_t n = token_text(ctx, id, buf, sizeof buf);
     cJSON *t = cJSON_CreateObject();
     add_text(t, "token", buf, n);
-    cJSON_AddNumberToObject(t, "logprob", lp);
+    cJSON_AddItemToObject(t, "logprob", ref_float(lp));
     cJSON *b = cJSON_AddArrayToObject(t, "bytes");
     for (size_t i = 0; i < n; i++) cJSON_AddItemToArray(b, cJSON_CreateNumber((unsigned char)buf[i]));
     if (with_top) cJSON_AddArrayToObject(t, "top_logprobs");
@@ -290,7 +303,7 @@ static cJSON *score_result(const sched_task *t)
     cJSON *lps = cJSON_AddArrayToObject(r, "token_logprobs");
     double sum = 0;
     for (int i = 0; i + 1 < t->n_prompt; i++) {
-        cJSON_AddItemToArray(lps, cJSON_CreateNumber(t->prompt_lps[i]));
+        cJSON_AddItemToArray(lps, ref_float(t->prompt_lps[i]));
         sum += t->prompt_lps[i];
     }
     int n = t->n_prompt - 1;

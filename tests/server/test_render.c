@@ -1,9 +1,11 @@
 /*
  * test_render.c - the response writer (server/json_out.c, api_render, api_render_stream)
  * against independent renderings of the same data, byte for byte:
- *  - numbers and strings against the cJSON library's own printing, on random floats
- *    and doubles of every exponent (NaN, infinities, -0, subnormals, integers included)
- *    and random byte strings (quotes, backslashes, control bytes, invalid UTF-8, NUL);
+ *  - numbers and strings against the cJSON library's own printing, on random doubles
+ *    of every exponent (NaN, infinities, -0, subnormals, integers included) and random
+ *    byte strings (quotes, backslashes, control bytes, invalid UTF-8, NUL); float32
+ *    log-probs against printf's "%.9g" (cJSON's for NaN, infinities and integers), and
+ *    each must read back (strtof) as the float it came from;
  *  - whole responses of every route kind (generate, score, completions with echo and
  *    alternatives, chat; whole bodies and SSE streams in two parts) against
  *    render_reference.c, the cJSON-tree renderer the writer replaced, on random jobs:
@@ -51,7 +53,8 @@ static float random_float(void)
 {
     static const float edges[] = {0.0f, -0.0f, 1.0f, -1.0f, 1e-28f, -1e-28f, 1e14f, -1e14f, 99999999999999.0f,
                                   1e15f, 0.1f, -0.5f, 0.25f, 1e-5f, -9.999999e-5f, 123456.7f, 3.4028235e38f,
-                                  1.17549435e-38f, 1.4e-45f, -3.0f, -1e-10f, 9.9999999e-29f};
+                                  1.17549435e-38f, 1.4e-45f, -3.0f, -1e-10f, 9.9999999e-29f, 1e-36f, -9.999999e-37f,
+                                  0.0078125f, 8388607.5f, -0.99999994f};
     float f;
     uint32_t bits;
     switch (rnd_int(6)) {
@@ -68,25 +71,40 @@ static void check_float(float f)
 {
     json_buf b = {0};
     json_float(&b, f);
-    char *want = cjson_number_text((double)f);
-    if (strcmp(b.p, want)) {
-        uint32_t bits;
-        memcpy(&bits, &f, sizeof bits);
-        fail_msg("float 0x%08x (%.9g): json_float wrote %s, cJSON %s", bits, (double)f, b.p, want);
+    const double d = f;
+    char want[40];
+    if (!isfinite(d) || (fabs(d) < 1e15 && d == floor(d))) {
+        char *c = cjson_number_text(d);
+        snprintf(want, sizeof want, "%s", c);
+        free(c);
+    } else {
+        snprintf(want, sizeof want, "%.9g", d);
     }
-    free(want);
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    if (strcmp(b.p, want)) fail_msg("float 0x%08x (%.9g): json_float wrote %s, want %s", bits, d, b.p, want);
+    if (isfinite(d)) {
+        float back = strtof(b.p, NULL);
+        uint32_t bb;
+        memcpy(&bb, &back, sizeof bb);
+        if (bb != bits) fail_msg("float 0x%08x: json_float wrote %s, which reads back as 0x%08x", bits, b.p, bb);
+    }
     json_buf_free(&b);
 }
 
-static void test_floats_print_as_cjson_prints_them(void **state)
+static void test_floats_print_as_9_digits(void **state)
 {
     (void)state;
     float specials[] = {NAN, -NAN, INFINITY, -INFINITY};
     for (size_t i = 0; i < 4; i++) check_float(specials[i]);
     for (int i = 0; i < 400000; i++) check_float(random_float());
-    /* every float of a few binades around the log-probs users see */
+    /* every float of a few binades around the log-probs users see, and at the edges
+     * of the fast path (1e-36) and of the normal range */
     for (float f = -4.0f; f < -3.999f; f = nextafterf(f, 0)) check_float(f);
     for (float f = 1e-7f; f < 1.001e-7f; f = nextafterf(f, 1)) check_float(f);
+    for (float f = 0.9999e-36f; f < 1.0001e-36f; f = nextafterf(f, 1)) check_float(f);
+    for (float f = 1.1754e-38f; f < 1.1756e-38f; f = nextafterf(f, 1)) check_float(f);
+    for (float f = -8388600.5f; f > -8388610.0f; f = nextafterf(f, -1e9f)) check_float(f);
 }
 
 static void test_doubles_and_ints_print_as_cjson_prints_them(void **state)
@@ -167,8 +185,12 @@ static void test_known_values(void **state)
 {
     (void)state;
     static const struct { float f; const char *want; } cases[] = {
-        {-0.0f, "-0"}, {1.0f, "1"}, {0.1f, "0.10000000149011612"}, {-2.5f, "-2.5"}, {1e-5f, "9.99999974737875e-06"} /* within cJSON's tolerance: 15 digits */,
-        {-1.2345678f, "-1.2345677614212036"}, {0.5f, "0.5"}, {1099511627776.0f, "1099511627776"}, {1e20f, "1.0000000200408773e+20"},
+        /* the floats' exact values: 0.1f = 0.100000001490116119384765625,
+         * 1e-5f = 9.99999974737875163555145263671875e-6, -1.2345678f = -1.2345677614212036...,
+         * 1e20f = 100000002004087734272 */
+        {-0.0f, "-0"}, {1.0f, "1"}, {0.1f, "0.100000001"}, {-2.5f, "-2.5"}, {1e-5f, "9.99999975e-06"},
+        {-1.2345678f, "-1.23456776"}, {0.5f, "0.5"}, {1099511627776.0f, "1099511627776"}, {1e20f, "1.00000002e+20"},
+        {-0.00390625f, "-0.00390625"}, {1e-36f, "1.00000004e-36"} /* = 1.0000000359391298...e-36 */,
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         json_buf b = {0};
@@ -427,7 +449,7 @@ int main(int argc, char **argv)
 {
     const struct CMUnitTest values[] = {
         cmocka_unit_test(test_known_values),
-        cmocka_unit_test(test_floats_print_as_cjson_prints_them),
+        cmocka_unit_test(test_floats_print_as_9_digits),
         cmocka_unit_test(test_doubles_and_ints_print_as_cjson_prints_them),
         cmocka_unit_test(test_strings_escape_as_cjson_does),
     };
