@@ -17,7 +17,9 @@
 #      step boundaries alone change in bf16 on random weights (exactness.yardstick_no_cache).
 # With --lm-eval-only: no tests, only the three lm-eval forms (bench_prefix.py
 # --lm-eval-only --repeat 3, the server's step trace in its debug log) into
-# $OUT/prefix-lmeval.json, about 2 minutes.
+# $OUT/prefix-lmeval-new.json (and -base.json for .carry/base/kda-server, an
+# older server carried with gpu-prepare.sh --with base/kda-server=FILE), about 1
+# minute a server.
 # Outputs: $OUT/prefix-h200.json (commit under bench/results/), $OUT/prefix.txt
 # (summary), $OUT/logs.tgz (server logs). About 4-7 minutes (the device limit is 10).
 source "$(dirname "$0")/gpu-env.sh"
@@ -31,11 +33,20 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
 gen_pid=$!
 if [ "${1:-}" = --lm-eval-only ]; then
   wait $gen_pid || exit 1
-  timeout 400 python3 scripts/bench_prefix.py --server $B/server/kda-server --model "$M17S" --device cuda \
-    --context-tokens 1024 --lm-eval-only --repeat ${KDA_PREFIX_REPEAT:-3} --server-arg=--log-level=debug \
-    --log-dir "$LOG" --out "$OUT/prefix-lmeval.json"
-  rc=$?
-  for f in "$LOG"/server-*.log; do grep -E " step: " "$f" > "$OUT/steps-$(basename "$f" .log).txt"; done
+  rc=0
+  # with .carry/base/kda-server (gpu-prepare.sh --with base/kda-server=FILE): that
+  # server first, into prefix-lmeval-base.json, then the carried build's
+  for which in base new; do
+    srv=$B/server/kda-server; [ $which = new ] || srv=.carry/base/kda-server
+    [ -x "$srv" ] || continue
+    mkdir -p "$LOG/$which"
+    timeout 200 python3 scripts/bench_prefix.py --server "$srv" --model "$M17S" --device cuda \
+      --context-tokens 1024 --lm-eval-only --repeat ${KDA_PREFIX_REPEAT:-3} --server-arg=--log-level=debug \
+      --log-dir "$LOG/$which" --out "$OUT/prefix-lmeval-$which.json" > "$LOG/$which/bench.txt" 2>&1 || rc=1
+    tail -25 "$LOG/$which/bench.txt"
+  done
+  cat "$LOG"/new/server-cache.log | grep -E " step: " > "$OUT/steps-new-cache.txt"
+  cat "$LOG"/new/server-nocache.log | grep -E " step: " > "$OUT/steps-new-nocache.txt"
   tar czf "$OUT/logs.tgz" -C /tmp kda-logs
   exit $rc
 fi
