@@ -36,11 +36,14 @@ if [ "${1:-}" = --lm-eval-only ]; then
   rc=0
   # with .carry/base/kda-server (gpu-prepare.sh --with base/kda-server=FILE): that
   # server first, into prefix-lmeval-base.json, then the carried build's
-  for which in base new; do
-    srv=$B/server/kda-server; [ $which = new ] || srv=.carry/base/kda-server
+  # and with KDA_PREFIX_TUNING=k=v,... the carried build's once more under that
+  # --tuning (KDA_TUNING), into prefix-lmeval-tuned.json
+  for which in base new tuned; do
+    srv=$B/server/kda-server; [ $which = base ] && srv=.carry/base/kda-server
     [ -x "$srv" ] || continue
+    tune=; if [ $which = tuned ]; then tune=${KDA_PREFIX_TUNING:-}; [ -n "$tune" ] || continue; fi
     mkdir -p "$LOG/$which"
-    timeout 200 python3 scripts/bench_prefix.py --server "$srv" --model "$M17S" --device cuda \
+    KDA_TUNING=$tune timeout 200 python3 scripts/bench_prefix.py --server "$srv" --model "$M17S" --device cuda \
       --context-tokens 1024 --lm-eval-only --repeat ${KDA_PREFIX_REPEAT:-3} --server-arg=--log-level=debug \
       --log-dir "$LOG/$which" --out "$OUT/prefix-lmeval-$which.json" > "$LOG/$which/bench.txt" 2>&1 || rc=1
     tail -25 "$LOG/$which/bench.txt"
