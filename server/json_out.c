@@ -341,7 +341,7 @@ char *json_put_float(char *o, float f)
         if (d == 0 && signbit(d)) { memcpy(o, "-0", 2); return o + 2; }
         return json_put_int(o, (int64_t)d);
     }
-    if (a >= 1e-36) {   /* a normal float; every float from 2^23 up is an integer */
+    if (a >= 1e-36 && a < 1e9) {   /* a normal float (from 2^23 up every float is an integer) */
         uint32_t bits;
         memcpy(&bits, &f, sizeof bits);
         int be = (int)((bits >> 23) & 0xFF);
