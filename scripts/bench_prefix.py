@@ -74,10 +74,7 @@ class Server:
         raise RuntimeError("kda-server never became healthy")
 
     def post(self, path, body, timeout=3600):
-        req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return json.loads(r.read())
+        return self.post_timed(path, body, timeout)[0]
 
     def post_timed(self, path, body, timeout=3600):
         """post, and where the client's time went (ms): until the response
@@ -105,11 +102,7 @@ class Server:
         return out
 
     def metric(self, name):
-        with urllib.request.urlopen(self.url + "/metrics", timeout=10) as r:
-            for line in r.read().decode().splitlines():
-                if line.startswith(name + " ") or line.startswith(name + "{"):
-                    return float(line.rsplit(None, 1)[1])
-        return 0.0
+        return next((v for k, v in self.metrics().items() if k == name or k.startswith(name + "{")), 0.0)
 
     def stop(self):
         self.proc.send_signal(signal.SIGTERM)
@@ -138,6 +131,11 @@ def breakdown(m0, m1):
         name = f'kda_scheduler_seconds_total{{phase="{ph}"}}'
         d["sched_" + ph + "_ms"] = round((m1.get(name, 0.0) - m0.get(name, 0.0)) * 1e3, 2)
     return d
+
+
+def lp_max(xs, ys):
+    """the largest log-prob difference between two runs' lists of log-prob lists"""
+    return max(abs(x - y) for la, lb in zip(xs, ys) for x, y in zip(la, lb) if x is not None and y is not None)
 
 
 def cached(r):
@@ -310,8 +308,6 @@ def main():
     off, outs_off = run(a, False, vocab, env)
     # agreement of the cached outputs with the no-cache ones
     sp_same = {w: sum(x == y for x, y in zip(outs_on[0][w], outs_off[0][w])) for w in ("cold", "warm")}
-    def lp_max(xs, ys):
-        return max(abs(x - y) for la, lb in zip(xs, ys) for x, y in zip(la, lb) if x is not None and y is not None)
     lp_diff = lp_max(outs_on[1], outs_off[1])
     chat_same = sum(x == y for x, y in zip(outs_on[2], outs_off[2]))
     yard = None
@@ -322,15 +318,8 @@ def main():
                                                 for w in ("cold", "warm")},
                 "lm_eval_max_abs_logprob_diff": lp_max(outs_y[1], outs_off[1]),
                 "chat_turns_equal": sum(x == y for x, y in zip(outs_y[2], outs_off[2]))}
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
-    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
     res = {
-        "date": datetime.datetime.utcnow().strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "machine": {"host": platform.node(), "cpu": cpu, "cores": os.cpu_count(), "device": a.device,
-                    "note": a.note},
-        "commit": os.environ.get("KDA_COMMIT", commit),
-        "model": os.path.abspath(a.model),
+        **machine(a),
         "params": {k: getattr(a, k) for k in ("concurrent", "system_tokens", "suffix_tokens", "max_tokens",
                                               "context_tokens", "chat_system_tokens", "chat_user_tokens",
                                               "chat_reply_tokens", "threads")},
@@ -386,8 +375,6 @@ def lm_eval_only(a, vocab, env):
     def med(xs):
         xs = sorted(xs)
         return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
-    def lp_max(xs, ys):
-        return max(abs(x - y) for la, lb in zip(xs, ys) for x, y in zip(la, lb) if x is not None and y is not None)
     ratios, diffs = {}, {}
     for i, f in enumerate(forms):
         w = [c[0][f]["wall_s"] / n[0][f]["wall_s"] for c, n in zip(on, off)]

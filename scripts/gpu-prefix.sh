@@ -48,8 +48,7 @@ if [ "${1:-}" = --lm-eval-only ]; then
       --log-dir "$LOG/$which" --out "$OUT/prefix-lmeval-$which.json" > "$LOG/$which/bench.txt" 2>&1 || rc=1
     tail -25 "$LOG/$which/bench.txt"
   done
-  cat "$LOG"/new/server-cache.log | grep -E " step: " > "$OUT/steps-new-cache.txt"
-  cat "$LOG"/new/server-nocache.log | grep -E " step: " > "$OUT/steps-new-nocache.txt"
+  for k in cache nocache; do grep " step: " "$LOG/new/server-$k.log" > "$OUT/steps-new-$k.txt"; done
   tar czf "$OUT/logs.tgz" -C /tmp kda-logs
   exit $rc
 fi

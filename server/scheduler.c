@@ -873,7 +873,7 @@ static void step_finish(sched *s)
     }
     if (srv_log_level >= SRV_LOG_DEBUG) { /* the step trace: where a request's time goes between steps */
         int rows = 0;
-        for (int i = 0; i < n; i++) rows += s->items[i].n_tokens > 1 || s->item_seq[i]->n_done < s->item_seq[i]->t->n_prompt;
+        for (int i = 0; i < n; i++) rows += s->item_seq[i]->n_done < s->item_seq[i]->t->n_prompt; /* not advanced yet */
         srv_log(SRV_LOG_DEBUG, "step: %d sequences (%d prompt chunks), %d tokens; %.3f ms launch to end, %.3f ms "
                 "from the previous step's end to this launch", n, rows, s->n_flight_tok, (s->t_mark - s->t_flight) * 1e3,
                 s->t_prev_end > 0 ? (s->t_flight - s->t_prev_end) * 1e3 : 0.0);
