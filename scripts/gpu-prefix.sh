@@ -21,7 +21,7 @@
 # older server carried with gpu-prepare.sh --with base/kda-server=FILE), about 1
 # minute a server.
 # Outputs: $OUT/prefix-h200.json (commit under bench/results/), $OUT/prefix.txt
-# (summary), $OUT/logs.tgz (server logs). About 4-7 minutes (the device limit is 10).
+# (summary), $OUT/steps-cache.txt (the cached server's step trace), $OUT/logs.tgz (server logs). About 4-7 minutes (the device limit is 10).
 source "$(dirname "$0")/gpu-env.sh"
 export KDA_COMMIT=${KDA_COMMIT:-$(cat .carry/commit 2>/dev/null || echo unknown)}
 M17S=/tmp/kda-1.7b-bytes
@@ -62,8 +62,11 @@ echo "== bench_prefix (1.7B shape, cuda)"
 timeout 420 python3 scripts/bench_prefix.py --server $B/server/kda-server --model "$M17S" --device cuda \
   --concurrent 64 --system-tokens 2000 --suffix-tokens 32 --max-tokens 32 --context-tokens 1024 \
   --chat-system-tokens 500 --chat-user-tokens 60 --chat-reply-tokens 32 \
-  --yardstick "--prefill-chunk 64 --step-tokens 256 --step-tokens-idle 256" --log-dir "$LOG" --out "$OUT/prefix-h200.json"
+  --yardstick "--prefill-chunk 64 --step-tokens 256 --step-tokens-idle 256" --server-arg=--log-level=debug \
+  --log-dir "$LOG" --out "$OUT/prefix-h200.json"
 r=$?; [ $r = 0 ] || rc=1; echo "rc=$r"
+# the step trace of the cached server: which steps each workload's requests took
+grep " step: " "$LOG/server-cache.log" > "$OUT/steps-cache.txt"
 grep -hE "prefix cache|cuda:|error" "$LOG"/server-*.log | head -12
 tar czf "$OUT/logs.tgz" -C /tmp kda-logs
 exit $rc
