@@ -21,7 +21,8 @@
 # older server carried with gpu-prepare.sh --with base/kda-server=FILE), about 1
 # minute a server.
 # Outputs: $OUT/prefix-h200.json (commit under bench/results/), $OUT/prefix.txt
-# (summary), $OUT/steps-cache.txt (the cached server's step trace), $OUT/logs.tgz (server logs). About 4-7 minutes (the device limit is 10).
+# (summary), $OUT/steps-cache.txt (the cached server's step trace), $OUT/logs.tgz
+# (server logs). About 4-7 minutes (the device limit is 10).
 source "$(dirname "$0")/gpu-env.sh"
 export KDA_COMMIT=${KDA_COMMIT:-$(cat .carry/commit 2>/dev/null || echo unknown)}
 M17S=/tmp/kda-1.7b-bytes
