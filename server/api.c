@@ -14,6 +14,7 @@
 
 #include <cjson/cJSON.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -1468,6 +1469,98 @@ static void put_choice(json_buf *b, const api_job *j, int i)
     json_char(b, '}');
 }
 
+static void put_score_item(json_buf *b, const api_job *j, int i)
+{
+    json_char(b, '{');
+    put_score_result(b, &j->client->tasks[i]);
+    json_char(b, '}');
+}
+
+/* What rendering task i writes, in values (a position's token, log-prob and offset,
+ * each alternative): what decides whether a response is rendered in parallel. */
+static long render_work(const api_job *j, int i)
+{
+    const sched_task *t = &j->client->tasks[i];
+    if (j->kind == API_SCORE) return t->n_prompt;
+    if (!j->logprobs) return t->out.n;
+    long n = t->out.n + (j->echo && j->kind == API_COMPLETIONS ? t->n_prompt : 0);
+    return n * (2 + t->n_top);
+}
+
+/* Large bodies of several choices (or /score results) are rendered one item per
+ * buffer by up to render_threads threads, this one included, then joined in
+ * order: the bytes are those of the loop below. Helper threads are counted over
+ * all responses, so a burst of large requests never holds more than
+ * render_threads of them; where none is free, or one cannot start, this thread
+ * renders what is left. */
+static atomic_int render_helpers;
+static atomic_long render_helpers_started;
+
+long api_render_helpers_started(void) { return atomic_load(&render_helpers_started); }
+
+typedef struct {
+    const api_job *j;
+    void (*put)(json_buf *, const api_job *, int);
+    json_buf *bufs;
+    atomic_int next;
+} render_pool;
+
+static void *render_items(void *arg)
+{
+    render_pool *w = arg;
+    const int n = w->j->client->n_tasks;
+    for (int i; (i = atomic_fetch_add(&w->next, 1)) < n;) w->put(&w->bufs[i], w->j, i);
+    return NULL;
+}
+
+static void put_items(json_buf *b, const api_job *j, void (*put)(json_buf *, const api_job *, int))
+{
+    const int n = j->client->n_tasks;
+    int helpers = 0;
+    if (n > 1 && j->ctx->render_threads > 1) {
+        long work = 0;
+        for (int i = 0; i < n; i++) work += render_work(j, i);
+        if (work >= j->ctx->render_min_work) {
+            helpers = (n < j->ctx->render_threads ? n : j->ctx->render_threads) - 1;
+            int held = atomic_fetch_add(&render_helpers, helpers);
+            int free_ = j->ctx->render_threads - held;
+            if (free_ < helpers) {
+                const int give = helpers - (free_ > 0 ? free_ : 0);
+                atomic_fetch_sub(&render_helpers, give);
+                helpers -= give;
+            }
+        }
+    }
+    json_buf *bufs = helpers ? calloc((size_t)n, sizeof *bufs) : NULL;
+    if (!bufs) {
+        if (helpers) atomic_fetch_sub(&render_helpers, helpers);
+        for (int i = 0; i < n; i++) {
+            if (i) json_char(b, ',');
+            put(b, j, i);
+        }
+        return;
+    }
+    render_pool w = {.j = j, .put = put, .bufs = bufs};
+    atomic_init(&w.next, 0);
+    pthread_t th[64];
+    if (helpers > 64) atomic_fetch_sub(&render_helpers, helpers - 64), helpers = 64;
+    int started = 0;
+    for (; started < helpers; started++)
+        if (pthread_create(&th[started], NULL, render_items, &w)) break;
+    if (started < helpers) atomic_fetch_sub(&render_helpers, helpers - started);
+    atomic_fetch_add(&render_helpers_started, started);
+    render_items(&w);
+    for (int k = 0; k < started; k++) pthread_join(th[k], NULL);
+    atomic_fetch_sub(&render_helpers, started);
+    for (int i = 0; i < n; i++) {
+        if (i) json_char(b, ',');
+        if (bufs[i].failed) b->failed = 1;
+        else if (bufs[i].len) json_raw(b, bufs[i].p, bufs[i].len);
+        json_buf_free(&bufs[i]);
+    }
+    free(bufs);
+}
+
 char *api_render(api_job *j, int *status, size_t *len)
 {
     sched_client *c = j->client;
@@ -1496,11 +1589,7 @@ char *api_render(api_job *j, int *status, size_t *len)
             put_score_result(&b, &c->tasks[0]);
         } else {
             json_lit(&b, "{\"results\":[");
-            for (int i = 0; i < c->n_tasks; i++) {
-                json_raw(&b, i ? ",{" : "{", i ? 2 : 1);
-                put_score_result(&b, &c->tasks[i]);
-                json_char(&b, '}');
-            }
+            put_items(&b, j, put_score_item);
             json_char(&b, ']');
         }
         json_lit(&b, ",\"usage\":");
@@ -1509,10 +1598,7 @@ char *api_render(api_job *j, int *status, size_t *len)
     } else {
         put_envelope(&b, j);
         json_lit(&b, ",\"choices\":[");
-        for (int i = 0; i < c->n_tasks; i++) {
-            if (i) json_char(&b, ',');
-            put_choice(&b, j, i);
-        }
+        put_items(&b, j, put_choice);
         long np, ng, nc;
         usage_totals(j, &np, &ng, &nc);
         json_lit(&b, "],\"usage\":");

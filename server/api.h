@@ -55,6 +55,11 @@ typedef struct {
     chat_specials specials; /* bos/eos token strings; in text they stand for the ids (as HF tokenizers parse them) */
     long created;           /* /v1/models "created": when the model was loaded */
     api_token_strings *strings;   /* api_ctx_init */
+    int render_threads;     /* threads that render one large response with several choices or
+                             * results, this one included (--render-threads; <= 1: this one alone);
+                             * also the most helper threads all responses hold at once */
+    long render_min_work;   /* below this many rendered values (positions x (2 + alternatives),
+                             * summed over choices) a response renders on this thread alone */
 } api_ctx;
 
 /* Fills the chat template (--chat-template flag, else the model directory's),
@@ -112,6 +117,8 @@ size_t api_response_bound(const api_job *j);
 /* The whole response of a finished job; *status is its HTTP status (a task
  * that failed or was aborted turns the response into an error). */
 char *api_render(api_job *j, int *status, size_t *len);
+/* Helper threads api_render has started since the process began (render_threads). */
+long api_render_helpers_started(void);
 /* Appends the SSE events for whatever the scheduler produced since the last
  * call (or a heartbeat comment). Returns 1 once "data: [DONE]" is appended. */
 int api_render_stream(api_job *j, api_buf *out);

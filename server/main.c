@@ -17,6 +17,7 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "api.h"
 #include "engine.h"
@@ -35,7 +36,7 @@ typedef struct {
     const char *model, *model_name, *host, *device, *api_key, *api_key_file, *name_map, *config_map;
     const char *chat_template, *allowed_origins;
     int no_webui;
-    int port, max_batch, max_queue, max_seq_len, threads, http_threads, step_tokens, step_tokens_idle, prefill_chunk;
+    int port, max_batch, max_queue, max_seq_len, threads, http_threads, render_threads, step_tokens, step_tokens_idle, prefill_chunk;
     int prefix_cache, prefix_grid;
     int step_overlap;    /* -1 auto (on where the engine's steps are asynchronous), 0 off, 1 on */
     long prefix_cache_bytes;
@@ -70,6 +71,9 @@ static void usage(FILE *f)
         "  --gpu-memory-fraction F  CUDA: share of the free device memory the pool takes at\n"
         "                         startup (weights, KV cache, state, activations; default 0.9)\n"
         "  --http-threads N       HTTP event loops, one thread each (default 4)\n"
+        "  --render-threads N     threads that render one large response of several choices or\n"
+        "                         /score results, and the most all responses use at once\n"
+        "                         (default: the cores, at most 8; 1 = the HTTP thread alone)\n"
         "  --step-tokens N        token budget of a step while sequences decode (default: cpu 512,\n"
         "                         cuda 1024)\n"
         "  --step-tokens-idle N   ... and when none decodes (default: cpu 512, cuda the engine's\n"
@@ -246,6 +250,7 @@ static int parse_flags(int argc, char **argv, flags *f)
         else if (!strcmp(a, "--max-seq-len")) { rc = parse_long(a, v, 0, INT_MAX, &x); f->max_seq_len = (int)x; }
         else if (!strcmp(a, "--threads")) { rc = parse_long(a, v, 0, 1024, &x); f->threads = (int)x; }
         else if (!strcmp(a, "--http-threads")) { rc = parse_long(a, v, 1, 256, &x); f->http_threads = (int)x; }
+        else if (!strcmp(a, "--render-threads")) { rc = parse_long(a, v, 1, 64, &x); f->render_threads = (int)x; }
         else if (!strcmp(a, "--step-tokens")) { rc = parse_long(a, v, 1, 1 << 20, &x); f->step_tokens = (int)x; }
         else if (!strcmp(a, "--step-tokens-idle")) { rc = parse_long(a, v, 1, 1 << 20, &x); f->step_tokens_idle = (int)x; }
         else if (!strcmp(a, "--prefill-chunk")) { rc = parse_long(a, v, 1, 1 << 16, &x); f->prefill_chunk = (int)x; }
@@ -481,7 +486,11 @@ int main(int argc, char **argv)
     ctx = (api_ctx){.tok = tok, .vocab_size = info->vocab_size, .bos_id = bos, .eos_id = eos,
                     .max_seq_len = info->max_seq_len, .model_name = name, .max_tasks = f.max_queue,
                     .max_tokenize_tokens = (int)f.max_tokenize_tokens, .max_response_bytes = (size_t)f.max_response,
-                    .info = info};
+                    .info = info, .render_threads = f.render_threads, .render_min_work = 4096};
+    if (!ctx.render_threads) {
+        long nc = sysconf(_SC_NPROCESSORS_ONLN);
+        ctx.render_threads = nc < 1 ? 1 : nc > 8 ? 8 : (int)nc;
+    }
     if (api_ctx_init(&ctx, model, f.chat_template, err, sizeof err)) {
         srv_log(SRV_LOG_ERROR, "%s", err);
         goto out;

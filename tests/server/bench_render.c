@@ -6,10 +6,13 @@
  * alternatives) are random, filled where the scheduler would fill them.
  *
  *   bench_render TOKENIZER.model [--text FILE] [--reps N] [--json OUT] [--reference] [--point I]
+ *                [--render-threads N]
  *
  * Prints one line per point: median ms of parse and render (the thread's CPU time, which
  * other load on a shared machine disturbs less than wall time; wall medians in the JSON),
  * and the response's bytes.
+ * --render-threads N: api_ctx.render_threads (default 1: the render on this thread alone,
+ * so its CPU time is all of it; with N > 1 compare the wall medians, render_wall).
  * --reference: time render_reference.c (the cJSON-tree renderer before json_out.c)
  * instead, and check that both give the same bytes. --point I: only the I-th point (perf).
  * Ids are uniform over the vocabulary (every lookup of the token strings misses the
@@ -25,15 +28,17 @@
 #include "log.h"
 #include "render_reference.h"
 
-typedef struct { const char *route; int kind, T, n_top; } point;
+typedef struct { const char *route; int kind, T, n_top, prompts; } point;
 
+/* prompts > 1: a list of that many prompts of T ids each (lm-eval's batch_size=8) */
 static const point points[] = {
-    {"/score", API_SCORE, 1044, 0},
-    {"/score", API_SCORE, 8192, 0},
-    {"/v1/completions", API_COMPLETIONS, 1044, 1},
-    {"/v1/completions", API_COMPLETIONS, 1044, 5},
-    {"/v1/completions", API_COMPLETIONS, 8192, 1},
-    {"/v1/completions", API_COMPLETIONS, 8192, 5},
+    {"/score", API_SCORE, 1044, 0, 1},
+    {"/score", API_SCORE, 8192, 0, 1},
+    {"/v1/completions", API_COMPLETIONS, 1044, 1, 1},
+    {"/v1/completions", API_COMPLETIONS, 1044, 5, 1},
+    {"/v1/completions", API_COMPLETIONS, 8192, 1, 1},
+    {"/v1/completions", API_COMPLETIONS, 8192, 5, 1},
+    {"/v1/completions", API_COMPLETIONS, 1044, 1, 8},
 };
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
@@ -51,9 +56,13 @@ static char *request_body(const point *p, const int32_t *ids, size_t *len)
     char tmp[64];
     if (p->kind == API_SCORE) api_buf_put(&b, "{\"tokens\":[", 11);
     else api_buf_put(&b, "{\"model\":\"bench\",\"prompt\":[", 28);
-    for (int i = 0; i < p->T; i++) {
-        int n = snprintf(tmp, sizeof tmp, i ? ",%d" : "%d", (int)ids[i]);
-        api_buf_put(&b, tmp, (size_t)n);
+    for (int k = 0; k < p->prompts; k++) {
+        if (p->prompts > 1) api_buf_put(&b, k ? ",[" : "[", k ? 2 : 1);
+        for (int i = 0; i < p->T; i++) {   /* each prompt its own rotation of the ids */
+            int n = snprintf(tmp, sizeof tmp, i ? ",%d" : "%d", (int)ids[(i + k * 131) % p->T]);
+            api_buf_put(&b, tmp, (size_t)n);
+        }
+        if (p->prompts > 1) api_buf_put(&b, "]", 1);
     }
     int n = p->kind == API_SCORE ? snprintf(tmp, sizeof tmp, "]}")
                                  : snprintf(tmp, sizeof tmp, "],\"echo\":true,\"logprobs\":%d,\"max_tokens\":1}", p->n_top);
@@ -130,19 +139,21 @@ int main(int argc, char **argv)
     if (argc < 2) { fprintf(stderr, "usage: %s TOKENIZER.model [--reps N] [--json OUT]\n", argv[0]); return 2; }
     int reps = 0;
     const char *json_out = NULL, *text_file = NULL;
-    int reference = 0, only = -1;
+    int reference = 0, only = -1, render_threads = 1;
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--json") && i + 1 < argc) json_out = argv[++i];
         else if (!strcmp(argv[i], "--reference")) reference = 1;
         else if (!strcmp(argv[i], "--text") && i + 1 < argc) text_file = argv[++i];
         else if (!strcmp(argv[i], "--point") && i + 1 < argc) only = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--render-threads") && i + 1 < argc) render_threads = atoi(argv[++i]);
     }
     char err[512];
     tok_tokenizer *tok;
     if (tok_open_spm(&tok, argv[1], err, sizeof err)) { fprintf(stderr, "%s: %s\n", argv[1], err); return 1; }
     api_ctx ctx = {.tok = tok, .vocab_size = tok_vocab_size(tok), .bos_id = tok_bos_id(tok), .eos_id = tok_eos_id(tok),
-                   .max_seq_len = 16384, .model_name = "bench", .max_tasks = 64};
+                   .max_seq_len = 16384, .model_name = "bench", .max_tasks = 64,
+                   .render_threads = render_threads, .render_min_work = 4096};
     if (api_ctx_init(&ctx, "/nonexistent", NULL, err, sizeof err)) { fprintf(stderr, "%s\n", err); return 1; }
     int32_t *tids = NULL;
     if (text_file) {   /* the first 1 MB of the text */
@@ -157,11 +168,12 @@ int main(int argc, char **argv)
     }
     FILE *js = json_out ? fopen(json_out, "w") : NULL;
     if (js) fprintf(js, "[\n");
-    printf("%-16s %6s %5s %10s %10s %10s\n", "route", "T", "top", "parse_cpu", "render_cpu", "bytes");
+    printf("%-16s %6s %5s %3s %10s %10s %11s %10s\n", "route", "T", "top", "n", "parse_cpu", "render_cpu", "render_wall",
+           "bytes");
     for (size_t pi = 0; pi < sizeof points / sizeof points[0]; pi++) {
         const point *p = &points[pi];
         if (only >= 0 && (size_t)only != pi) continue;
-        int n_reps = reps ? reps : p->T > 2000 ? 15 : 60;
+        int n_reps = reps ? reps : p->T * p->prompts > 2000 ? 15 : 60;
         int32_t *ids = malloc((size_t)p->T * sizeof *ids);
         for (int i = 0; i < p->T; i++)
             ids[i] = n_text_ids > p->T ? text_ids[(pi * 9973 + (size_t)i) % (size_t)n_text_ids]
@@ -200,11 +212,12 @@ int main(int argc, char **argv)
             cr[r] = (c3 - c2) * 1e3;
         }
         double mp = median(tp, n_reps), mr = median(tr, n_reps), mcp = median(cp, n_reps), mcr = median(cr, n_reps);
-        printf("%-16s %6d %5d %10.3f %10.3f %10zu\n", p->route, p->T, p->n_top, mcp, mcr, out_len);
+        printf("%-16s %6d %5d %3d %10.3f %10.3f %11.3f %10zu\n", p->route, p->T, p->n_top, p->prompts, mcp, mcr, mr,
+               out_len);
         if (js)
-            fprintf(js, "  {\"route\": \"%s\", \"T\": %d, \"logprobs\": %d, \"reps\": %d, \"parse_cpu_ms\": %.3f, "
+            fprintf(js, "  {\"route\": \"%s\", \"T\": %d, \"prompts\": %d, \"render_threads\": %d, \"logprobs\": %d, \"reps\": %d, \"parse_cpu_ms\": %.3f, "
                         "\"render_cpu_ms\": %.3f, \"parse_wall_ms\": %.3f, \"render_wall_ms\": %.3f, \"renderer\": \"%s\", \"ids\": \"%s\", \"request_bytes\": %zu, \"response_bytes\": %zu}%s\n",
-                    p->route, p->T, p->n_top, n_reps, mcp, mcr, mp, mr, reference ? "cjson-tree" : "json_out", n_text_ids ? "text" : "uniform", blen, out_len,
+                    p->route, p->T, p->prompts, render_threads, p->n_top, n_reps, mcp, mcr, mp, mr, reference ? "cjson-tree" : "json_out", n_text_ids ? "text" : "uniform", blen, out_len,
                     pi + 1 < sizeof points / sizeof points[0] ? "," : "");
         free(tp);
         free(tr);

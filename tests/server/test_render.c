@@ -471,6 +471,15 @@ int main(int argc, char **argv)
             failed += cmocka_run_group_tests_name("alternatives (bytes)", keys, NULL, NULL);
         }
         failed += cmocka_run_group_tests_name(k ? "responses (sentencepiece)" : "responses (bytes)", whole, NULL, NULL);
+        /* every response of several choices or results through the threaded render */
+        long before = api_render_helpers_started();
+        ctx.render_threads = 3, ctx.render_min_work = 0;
+        failed += cmocka_run_group_tests_name(k ? "responses, threaded (sentencepiece)" : "responses, threaded (bytes)",
+                                              whole, NULL, NULL);
+        if (api_render_helpers_started() == before) {
+            fprintf(stderr, "no response was rendered by helper threads\n");
+            failed++;
+        }
         api_ctx_free(&ctx);
         tok_close(toks[k]);
     }
