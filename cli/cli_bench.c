@@ -12,7 +12,10 @@
  * Prefill (--prefill B:T,...): B new sequences of T random tokens in one
  * engine step, the first token sampled (time to first token of B prompts).
  * Score (--score B:T,...): the same with the log-prob of every next token
- * (what /score computes). Each is the median of --reps timed steps after one
+ * (what /score computes). B:T+C (either kind): the B sequences first take a
+ * C-token context in an untimed step, then the T tokens are timed: a prompt
+ * continued from a state, as one restored from the prefix cache (lm-eval's
+ * continuations of a shared context). Each is the median of --reps timed steps after one
  * untimed. With --tuning prof=1 the device time is also split by kind of work
  * (GEMM, KDA, attention, lm-head + log-softmax, other).
  * Mixed (--mixed B:P:T,...): B sequences decoding (contexts of 128) and P new
@@ -74,6 +77,7 @@ void cli_bench_usage(FILE *f)
             "                     [--threads N]\n"
             "  default pairs 128:1,128:16,128:64,128:256,4096:1,4096:16,4096:64,4096:256 (\"\" = none);\n"
             "  steps 32; no prefill or score points; reps 5\n"
+            "  --prefill / --score B:T+C: T tokens timed after a C-token context (an untimed step)\n"
             "  --mixed B:P:T: B sequences decoding at context 128 and P new prompts of T tokens in one\n"
             "  step, against a decode step of the same B alone (median of reps each, interleaved)\n");
 }
@@ -123,10 +127,28 @@ static void decode_items(kda_batch_item *it, const int *seq, int32_t *tok, int32
 }
 
 typedef struct {
-    int B, T, score;
+    int B, T, score, ctx; /* ctx: tokens each sequence holds before the timed step */
     double ms;
     kda_prof prof;
 } bench_pt;
+
+/* "B:T" or "B:T+C", comma-separated, into pts[n..]; returns the new count or -1 */
+static int parse_points(const char *s, bench_pt *pts, int n, int max, int score)
+{
+    for (const char *p = s; *p;) {
+        int b, t, c = 0, k = 0, k2 = 0;
+        if (n == max || sscanf(p, "%d:%d%n", &b, &t, &k) != 2 || b < 1 || t < 1) return -1;
+        p += k;
+        if (*p == '+') {
+            if (sscanf(p, "+%d%n", &c, &k2) != 1 || c < 1) return -1;
+            p += k2;
+        }
+        pts[n++] = (bench_pt){.B = b, .T = t, .score = score, .ctx = c};
+        if (*p == ',') p++;
+        else if (*p) return -1;
+    }
+    return n;
+}
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -134,11 +156,24 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* B fresh sequences of T random tokens in one step; median of reps. */
+/* the device time since the last take, added to *sum when count */
+static void prof_add(kda_engine *e, kda_prof *sum, int count)
+{
+    kda_prof p;
+    kda_engine_prof_take(e, &p);
+    if (!count) return;
+    for (int k = 0; k < KDA_PROF_N; k++) sum->ms[k] += p.ms[k];
+    sum->steps += p.steps;
+}
+
+/* B fresh sequences of T random tokens in one step (after a C-token context
+ * step, untimed, when ctx); median of reps. */
 static int run_prefill(kda_engine *e, bench_pt *bp, int reps, char *err, size_t errlen)
 {
     const int B = bp->B, T = bp->T, vocab = kda_engine_info(e)->vocab_size;
+    const int C = bp->ctx;
     int32_t *tok = malloc((size_t)B * T * sizeof *tok), *tg = malloc((size_t)B * T * sizeof *tg);
+    int32_t *ctok = C ? malloc((size_t)B * C * sizeof *ctok) : NULL;
     int32_t *next = malloc((size_t)B * sizeof *next);
     float *lp = malloc((size_t)B * T * sizeof *lp);
     int *seq = calloc((size_t)B, sizeof *seq);
@@ -146,38 +181,45 @@ static int run_prefill(kda_engine *e, bench_pt *bp, int reps, char *err, size_t 
     double *ts = calloc((size_t)reps + 1, sizeof *ts);
     kda_sampling greedy = {.temperature = 0, .top_p = 1, .repetition_penalty = 1, .n_prompt = T};
     int rc = 0;
-    if (!tok || !tg || !next || !lp || !seq || !it || !ts) {
+    if (!tok || !tg || !next || !lp || !seq || !it || !ts || (C && !ctok)) {
         snprintf(err, errlen, "out of memory");
         rc = KDA_ENOMEM;
         goto done;
     }
     unsigned r = 777;
     rand_tokens(tok, (size_t)B * T, vocab, &r);
+    if (C) rand_tokens(ctok, (size_t)B * C, vocab, &r);
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++) tg[(size_t)b * T + t] = t + 1 < T ? tok[(size_t)b * T + t + 1] : -1;
-    kda_prof scratch;
+    kda_prof scratch, sum = {0};
     for (int rep = -1; rep < reps && !rc; rep++) {
         int made = 0;
         for (; made < B && !rc; made++) rc = kda_seq_new(e, &seq[made], err, errlen);
         if (rc) made--;
+        for (int b = 0; b < B && !rc && C; b++) /* the context, untimed */
+            it[b] = (kda_batch_item){.seq = seq[b], .tokens = ctok + (size_t)b * C, .n_tokens = C};
+        if (!rc && C) rc = kda_engine_step(e, it, B, err, errlen);
+        if (!rc && C) prof_add(e, &sum, 0);
         for (int b = 0; b < B && !rc; b++) {
             it[b] = (kda_batch_item){.seq = seq[b], .tokens = tok + (size_t)b * T, .n_tokens = T};
             if (bp->score) it[b].targets = tg + (size_t)b * T, it[b].target_logprobs = lp + (size_t)b * T;
             else it[b].sampling = &greedy, it[b].sampled = &next[b];
         }
-        if (rep == 0) kda_engine_prof_take(e, &scratch); /* the warm-up's share is not counted */
+        if (rep == 0 && !C) kda_engine_prof_take(e, &scratch); /* the warm-up's share is not counted */
         const double t0 = now_s();
         if (!rc) rc = kda_engine_step(e, it, B, err, errlen);
         if (rep >= 0) ts[rep] = (now_s() - t0) * 1e3;
+        if (C) prof_add(e, &sum, rep >= 0); /* the timed steps' share alone */
         for (int b = 0; b < made; b++) kda_seq_free(e, seq[b]);
     }
     if (!rc) {
-        kda_engine_prof_take(e, &bp->prof);
+        if (C) bp->prof = sum;
+        else kda_engine_prof_take(e, &bp->prof);
         qsort(ts, (size_t)reps, sizeof *ts, cmp_double);
         bp->ms = ts[reps / 2];
     }
 done:
-    free(tok), free(tg), free(next), free(lp), free(seq), free(it), free(ts);
+    free(tok), free(tg), free(ctok), free(next), free(lp), free(seq), free(it), free(ts);
     return rc;
 }
 
@@ -254,14 +296,6 @@ typedef struct {
     kda_prof pm, pd; /* tuning prof=1: device time of the timed mixed / decode steps */
 } bench_mixed;
 
-static void prof_add(kda_engine *e, kda_prof *sum, int count)
-{
-    kda_prof p;
-    kda_engine_prof_take(e, &p);
-    if (!count) return;
-    for (int k = 0; k < KDA_PROF_N; k++) sum->ms[k] += p.ms[k];
-    sum->steps += p.steps;
-}
 
 /* "B:P:T,..."; returns the count or -1 */
 static int parse_mixed(const char *s, bench_mixed *out, int max)
@@ -367,12 +401,11 @@ int cli_bench(int argc, char **argv)
         max_ctx = pp[i][0] > max_ctx ? pp[i][0] : max_ctx;
     }
     for (int sc = 0; sc < 2; sc++) {
-        const int k = parse_pairs(sc ? score_s : prefill_s, pp, 32);
-        if (k < 0) return usage();
-        for (int i = 0; i < k; i++) {
-            pts[npt++] = (bench_pt){.B = pp[i][0], .T = pp[i][1], .score = sc};
-            max_b = pp[i][0] > max_b ? pp[i][0] : max_b;
-            max_ctx = pp[i][1] > max_ctx ? pp[i][1] : max_ctx;
+        const int n0 = npt;
+        if ((npt = parse_points(sc ? score_s : prefill_s, pts, npt, 64, sc)) < 0) return usage();
+        for (int i = n0; i < npt; i++) {
+            max_b = pts[i].B > max_b ? pts[i].B : max_b;
+            max_ctx = pts[i].T + pts[i].ctx > max_ctx ? pts[i].T + pts[i].ctx : max_ctx;
         }
     }
     bench_mixed mx[32];
@@ -453,8 +486,9 @@ int cli_bench(int argc, char **argv)
             p->ms = -1;
             continue;
         }
-        printf("  %-7s %3d x %-5d %9.2f ms %10.0f tok/s %7.1f TFLOP/s", p->score ? "score" : "prefill", p->B, p->T,
-               p->ms, p->B * p->T / p->ms * 1e3, point_flops(mi, p) / p->ms / 1e9);
+        printf("  %-7s %3d x %-5d", p->score ? "score" : "prefill", p->B, p->T);
+        if (p->ctx) printf(" after %d", p->ctx);
+        printf(" %9.2f ms %10.0f tok/s %7.1f TFLOP/s", p->ms, p->B * p->T / p->ms * 1e3, point_flops(mi, p) / p->ms / 1e9);
         double tot = 0;
         for (int k = 0; k < KDA_PROF_N; k++) tot += p->prof.ms[k];
         if (tot > 0) {
@@ -511,9 +545,9 @@ int cli_bench(int argc, char **argv)
         fprintf(json, "\n  ],\n  \"prefill\": [");
         for (int i = 0, first = 1; i < npt; i++) {
             const bench_pt *p = &pts[i];
-            fprintf(json, "%s\n    {\"kind\": \"%s\", \"B\": %d, \"T\": %d, \"ms\": %.3f, \"tok_s\": %.0f, "
+            fprintf(json, "%s\n    {\"kind\": \"%s\", \"B\": %d, \"T\": %d, \"ctx\": %d, \"ms\": %.3f, \"tok_s\": %.0f, "
                     "\"TFLOPs\": %.1f, \"flops\": %.4g",
-                    first ? "" : ",", p->score ? "score" : "prefill", p->B, p->T, p->ms,
+                    first ? "" : ",", p->score ? "score" : "prefill", p->B, p->T, p->ctx, p->ms,
                     p->ms > 0 ? p->B * p->T / p->ms * 1e3 : 0, p->ms > 0 ? point_flops(mi, p) / p->ms / 1e9 : 0,
                     point_flops(mi, p));
             if (p->prof.steps) {

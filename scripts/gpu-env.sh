@@ -20,7 +20,7 @@ if [ -z "${KDA_GPU_ENV_DONE:-}" ]; then
   export KDA_GPU_ENV_DONE=1
 fi
 B=.carry/build
-M17=/tmp/kda-1.7b
+M17=${M17:-/tmp/kda-1.7b}   # a caller may point it elsewhere (gpu-cont.sh)
 export KDA_LIB_PATH=$PWD/.carry/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export PYTHONUNBUFFERED=1
 ours() { env LD_LIBRARY_PATH="$KDA_LIB_PATH" KDA_SRC="$PWD" KDA_BUILD="$PWD/$B" "$@"; }
