@@ -44,11 +44,6 @@ static __device__ __forceinline__ void sk_cp16(void *dst, const void *src, bool 
 #endif
 }
 
-#if defined(KC_EMU)
-/* the emulator's bf16 m16n8k16 (emu.cpp) */
-void kc_emu_mma_m16n8k16_bf16(float c[4], const uint32_t a[4], const uint32_t b[2]);
-#endif
-
 /* partials of other blocks: from L2, never a stale L1 line */
 static __device__ __forceinline__ float4 sk_ld_part(const float4 *p)
 {

@@ -73,6 +73,30 @@ template <typename T> static inline T __shfl_down_sync(unsigned, T v, unsigned d
     return kc_emu_shfl(v, l + (int)d < 32 ? l + (int)d : l);
 }
 template <typename T> static inline T __shfl_sync(unsigned, T v, int src) { return kc_emu_shfl(v, src); }
+/* every lane of the warp must take part (the kernels pass the full mask) */
+unsigned kc_emu_ballot(int pred);
+static inline unsigned __ballot_sync(unsigned, int pred) { return kc_emu_ballot(pred); }
+static inline int __ffs(int x) { return __builtin_ffs(x); }
+static inline int __popc(unsigned x) { return __builtin_popcount(x); }
+template <typename T> static inline T __ldg(const T *p) { return *p; }
+template <typename T> static inline T __ldcs(const T *p) { return *p; }
+static inline unsigned __float_as_uint(float x)
+{
+    unsigned u;
+    memcpy(&u, &x, 4);
+    return u;
+}
+static inline float __uint_as_float(unsigned u)
+{
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+}
+/* ldmatrix.sync.aligned.m8n8.x4(.trans).shared.b16: lanes 8m .. 8m + 7 give the
+ * row addresses of matrix m (16 bytes each); lane 4 g + t gets in r[m] the
+ * elements (g, 2t), (g, 2t + 1) of matrix m, or of its transpose (.trans),
+ * the lower column in the low half */
+void kc_emu_ldmatrix_x4(uint32_t (&r)[4], const void *row, bool trans);
 
 /* fibers switch only at barriers: a read-modify-write is atomic */
 static inline int atomicAdd(int *p, int v)
@@ -129,6 +153,12 @@ template <typename K> static inline cudaError_t cudaFuncSetAttribute(K k, cudaFu
     return kc_emu_set_smem_limit(reinterpret_cast<const void *>(k), v);
 }
 
+template <typename K> static inline cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int *n, K, int, size_t)
+{
+    *n = 2; /* the emulator has no occupancy; kernels only size their grids by it */
+    return cudaSuccess;
+}
+
 float *kc_emu_dynamic_smem();
 #define KC_DYNAMIC_SMEM(name) float *name = kc_emu_dynamic_smem()
 void kc_emu_cp_async16(void *dst, const void *src, bool full);
@@ -144,5 +174,7 @@ void kc_emu_mma(float *d, const float *a, const float *b, const float *c, int M,
  * lane deposits its fragments, then computes its own four outputs; a, b are
  * tf32 bit patterns (their low 13 bits are ignored, as on the device) */
 void kc_emu_mma_m16n8k8(float c[4], const uint32_t a[4], const uint32_t b[2]);
+/* mma.sync.m16n8k16 .bf16, fp32 accumulation, in the same way (emu.cpp says the layout) */
+void kc_emu_mma_m16n8k16_bf16(float c[4], const uint32_t a[4], const uint32_t b[2]);
 
 #endif

@@ -289,6 +289,35 @@ uint64_t kc_emu_warp_exchange(uint64_t v, int src)
     yield_as(AT_WARP);
     return r;
 }
+unsigned kc_emu_ballot(int pred)
+{
+    static int dep[32][32];
+    const int w = cur >> 5;
+    dep[w][cur & 31] = pred != 0;
+    yield_as(AT_WARP);
+    unsigned m = 0;
+    for (int l = 0; l < 32; l++) m |= (unsigned)dep[w][l] << l;
+    yield_as(AT_WARP);
+    return m;
+}
+void kc_emu_ldmatrix_x4(uint32_t (&r)[4], const void *row, bool trans)
+{
+    static const uint16_t *rows[32][32];
+    const int w = cur >> 5, l = cur & 31, g = l >> 2, t = l & 3;
+    if ((uintptr_t)row & 15) {
+        fprintf(stderr, "kc_emu: ldmatrix row address %p not 16-byte aligned, thread %d\n", row, cur);
+        abort();
+    }
+    rows[w][l] = (const uint16_t *)row;
+    yield_as(AT_WARP);
+    for (int m = 0; m < 4; m++) {
+        uint16_t lo, hi;
+        if (!trans) lo = rows[w][8 * m + g][2 * t], hi = rows[w][8 * m + g][2 * t + 1];
+        else lo = rows[w][8 * m + 2 * t][g], hi = rows[w][8 * m + 2 * t + 1][g];
+        r[m] = (uint32_t)lo | (uint32_t)hi << 16;
+    }
+    yield_as(AT_WARP);
+}
 float *kc_emu_dynamic_smem() { return g_smem; }
 
 void kc_emu_cp_async16(void *dst, const void *src, bool full)
