@@ -19,7 +19,9 @@
  * Context split (flash-decoding): when the row tiles alone cannot fill the
  * GPU (a short chunk after a long cached prefix), the keys are cut into
  * nsplit ranges of split_keys; each block writes its unnormalised partial
- * (o, m, l) to the workspace and attn_prefill_combine_kernel merges them.
+ * (o, m, l) to the workspace and a merge kernel combines them: one block per
+ * (KV head, row tile) or (kc_attn_prefill_tuning.combine 2) one per
+ * (KV head, token), the same bits.
  * The last split always runs to the row's end, so an underestimated max_ctx
  * is slower, never wrong.
  *
@@ -89,7 +91,21 @@ static __device__ bool pf_find_tile(const pf_items &it, int TQ, int u, pf_tile &
     return false;
 }
 
-/* ---- PTX wrappers ---- */
+/* ---- PTX wrappers (KC_EMU: the CPU emulator's, tests/kernels/emu) ---- */
+#if defined(KC_EMU)
+static __device__ __forceinline__ void cp_async16_zfill(void *smem, const void *gmem, bool full)
+{
+    kc_emu_cp_async16(smem, gmem, full);
+}
+static __device__ __forceinline__ void cp_async_wait1() { kc_emu_cp_async_wait(1); }
+static __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const bf16 *p) { kc_emu_ldmatrix_x4(r, p, false); }
+static __device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const bf16 *p) { kc_emu_ldmatrix_x4(r, p, true); }
+static __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
+{
+    const uint32_t b[2] = {b0, b1};
+    kc_emu_mma_m16n8k16_bf16(d, a, b);
+}
+#else
 static __device__ __forceinline__ unsigned smem_u32(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
 
 /* 16 bytes, or (full false) 16 zero bytes: src-size 0 reads nothing */
@@ -120,6 +136,7 @@ static __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+#endif
 /* lo in the low half: the lower column index of a fragment pair */
 static __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi)
 {
@@ -227,7 +244,7 @@ __global__ void __launch_bounds__(NW * 32, MINB)
     constexpr int DT = HD / 8;   /* 8-dim column tiles of O */
     constexpr int CPR = HD / 8;  /* 16-byte pieces per K/V row */
     static_assert(M % G == 0 && 16 % G == 0, "a warp's 16 rows hold whole tokens");
-    extern __shared__ __align__(16) unsigned char pf_smem[];
+    KC_DYNAMIC_SMEM(pf_smem);
     bf16 *sK = (bf16 *)pf_smem; /* [2][PF_BN][LDS] */
     bf16 *sV = sK + 2 * PF_BN * LDS;
     long long *soff = (long long *)(sV + 2 * PF_BN * LDS); /* [2][PF_BN] element offset of each key's K row, -1: none */
@@ -391,8 +408,39 @@ __global__ void __launch_bounds__(NW * 32, MINB)
     }
 }
 
-/* grid (Hkv, row-tile bound), 128 threads: merge the splits of every row of
- * the tile (m in log2 units), gate, write bf16. */
+/* The merge of one output value: row it.row0 + tok0 + tq, query head h, dim d.
+ * The splits that hold some of the row's keys (m in log2 units), gated, to bf16. */
+static __device__ __forceinline__ void pf_combine_value(const kc_gqa_args &a, const pf_tile &it, int tok0, int tq, int h,
+                                                        int d, const float *opart, const float *ml, int nsplit,
+                                                        int split_keys, bf16 *out, int ldo)
+{
+    const int hd = a.hd, kcap = a.max_blocks * a.blk;
+    const int trow = it.row0 + tok0 + tq;
+    const int kend = min(it.pos0 + tok0 + tq + 1, kcap);
+    const int ns = min(nsplit, (kend + split_keys - 1) / split_keys);
+    /* sliding window: the splits from the one holding the row's first key */
+    const int klo = a.window > 0 ? max(0, it.pos0 + tok0 + tq - a.window + 1) : 0;
+    const int s0 = min(klo / split_keys, ns - 1);
+    float M = -INFINITY;
+    for (int s = s0; s < ns; s++) M = fmaxf(M, ml[(((size_t)s * a.T + trow) * a.Hq + h) * 2]);
+    float L = 0.0f, o = 0.0f;
+    for (int s = s0; s < ns; s++) {
+        const size_t prow = ((size_t)s * a.T + trow) * a.Hq + h;
+        const float w = exp2f(ml[prow * 2] - M);
+        L = fmaf(w, ml[prow * 2 + 1], L);
+        o = fmaf(w, opart[prow * hd + d], o);
+    }
+    o /= L;
+    if (a.off_gate >= 0) o *= sigmoidf_(a.proj[(size_t)trow * a.ldp + a.off_gate + h * hd + d]);
+    out[(size_t)trow * ldo + h * hd + d] = f2bf(o);
+}
+
+/* combine 1 (the default until combine 2 is timed on the GPU; then this one
+ * goes): grid (Hkv, row-tile bound), 128 threads, each block merges every
+ * (token, head, dim) of its tile, 64 values a thread at the 1.7B shape: a
+ * latency-bound loop (ncu, H100, 8 x 17 after 1,023: 131 us a layer against
+ * the attention's 21.9). Kept as it was (its SASS unchanged); its loop body
+ * is pf_combine_value's arithmetic. */
 __global__ void __launch_bounds__(128)
     attn_prefill_combine_kernel(kc_gqa_args a, pf_items items, int TQ, const float *opart, const float *ml, int nsplit,
                                 int split_keys, bf16 *out, int ldo)
@@ -426,6 +474,25 @@ __global__ void __launch_bounds__(128)
         if (a.off_gate >= 0) o *= sigmoidf_(a.proj[(size_t)trow * a.ldp + a.off_gate + h * hd + d]);
         out[(size_t)trow * ldo + h * hd + d] = f2bf(o);
     }
+}
+
+/* combine 2: grid (Hkv, row-tile bound, TQ), block z merges token z of the
+ * tile (G x hd values, 4 a thread at the 1.7B shape): 16 times the blocks of
+ * combine 1 at 4 warps, the same arithmetic per value, so the same bits */
+__global__ void __launch_bounds__(128)
+    attn_prefill_combine_tok_kernel(kc_gqa_args a, pf_items items, int TQ, const float *opart, const float *ml,
+                                    int nsplit, int split_keys, bf16 *out, int ldo)
+{
+    KC_PDL_WAIT();
+    KC_PDL_TRIGGER();
+    pf_tile it;
+    if (!pf_find_tile(items, TQ, blockIdx.y, it)) return;
+    const int G = a.Hq / a.Hkv, hd = a.hd, kvh = blockIdx.x, tq = blockIdx.z;
+    const int tok0 = it.tile * TQ;
+    const int ntq = min(min(TQ, it.ntok - tok0), a.T - (it.row0 + tok0));
+    if (tq >= ntq) return;
+    for (int idx = threadIdx.x; idx < G * hd; idx += blockDim.x)
+        pf_combine_value(a, it, tok0, tq, kvh * G + idx / hd, idx % hd, opart, ml, nsplit, split_keys, out, ldo);
 }
 
 /* ---- host side ---- */
@@ -523,7 +590,7 @@ static int pf_check(const kc_gqa_args *a, int ldo, const void *out)
 int kc_attn_prefill_plan_for(const kc_gqa_args *a, int n_items, int max_ctx, size_t work_bytes,
                              const kc_attn_prefill_tuning *tune, kc_attn_prefill_plan *p)
 {
-    static const kc_attn_prefill_tuning defaults = {0, 0};
+    static const kc_attn_prefill_tuning defaults = {0, 0, 0};
     if (!tune) tune = &defaults;
     memset(p, 0, sizeof *p);
     if (pf_check(a, a->Hq * a->hd, (const void *)0)) return -5;
@@ -569,6 +636,7 @@ int kc_attn_prefill_plan_for(const kc_gqa_args *a, int n_items, int max_ctx, siz
     }
     p->grid_z = p->nsplit;
     p->work_needed = p->nsplit > 1 ? per_split * p->nsplit : 0;
+    p->combine = p->nsplit > 1 ? (tune->combine == 2 ? 2 : 1) : 0;
     return 0;
 }
 
@@ -606,8 +674,14 @@ int kc_attn_prefill(const kc_gqa_args *a, const int32_t *item_row0, const int32_
     float *ml = p.nsplit > 1 ? opart + (size_t)p.nsplit * a->T * a->Hq * a->hd : NULL;
     KC_LAUNCH(k, dim3(p.grid_x, p.grid_y, p.grid_z), dim3(p.warps * 32), smem, s, *a, items, (bf16 *)out, ldo, opart,
               ml, p.nsplit, p.split_keys);
-    if (p.nsplit > 1)
+    if (p.combine == 1)
         KC_LAUNCH(attn_prefill_combine_kernel, dim3(p.grid_x, p.grid_y), dim3(128), 0, s, *a, items, p.tile_tokens,
                   (const float *)opart, (const float *)ml, p.nsplit, p.split_keys, (bf16 *)out, ldo);
+    else if (p.combine == 2) {
+        const int vals = G * a->hd; /* a power of two, >= 16 */
+        KC_LAUNCH(attn_prefill_combine_tok_kernel, dim3(p.grid_x, p.grid_y, p.tile_tokens), dim3(vals < 128 ? (vals < 32 ? 32 : vals) : 128),
+                  0, s, *a, items, p.tile_tokens, (const float *)opart, (const float *)ml, p.nsplit, p.split_keys,
+                  (bf16 *)out, ldo);
+    }
     return 0;
 }

@@ -7,6 +7,8 @@
  *                    spare blocks, unused table entries) is NaN, so any read
  *                    outside the context shows in the output;
  *   kc_logprob_rows  vs logsumexp_f32 and sampling_top_n (engine/sampling.c).
+ * Every call that splits the context runs again with the other merge kernel
+ * (kc_attn_prefill_tuning.combine 1 and 2), whose output must be the same bytes.
  * Inputs random, outputs poisoned (NaN) before each run. Every case prints
  * its error and its worst (item, row, head); a failing case is counted and
  * the run goes on; each test asserts no failures at the end.
@@ -22,6 +24,11 @@
  * instead, CUDA events, median of the repetitions, one "BENCH {json}" line
  * per point (scripts/gpu-prefill-ops.sh collects them).
  * Skips (77) without a GPU.
+ *
+ * Built with -DKC_EMU (meson: prefill_ops_emu) the same tests run on the CPU
+ * emulator of emu/ (kernels/ops_attn_prefill.cu and ops_logprob.cu compiled as
+ * C++) at smaller sizes, without the q/k/v pipeline test (ops_gqa.cu) and the
+ * benchmarks.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -186,7 +193,7 @@ static void attn_check(attn_fix *f, const char *name, int split_keys, int varian
     /* max_ctx < 0: pass 0 (the kernel then assumes the table's capacity) */
     const int mc = max_ctx < 0 ? 0 : max_ctx > 0 ? max_ctx : f->max_ctx;
     const int mc_ws = mc > 0 ? mc : f->max_blocks * f->blk;
-    const kc_attn_prefill_tuning tune = {variant, split_keys};
+    const kc_attn_prefill_tuning tune = {variant, split_keys, 0};
     size_t wb = kc_attn_prefill_workspace(f->T, f->n_items, Hq, hd, mc_ws);
     if (split_keys > 0) wb = (size_t)((mc_ws + split_keys - 1) / split_keys) * f->T * Hq * (hd + 2) * 4;
     void *work = kt_dev_poison(wb ? wb : 16);
@@ -197,9 +204,9 @@ static void attn_check(attn_fix *f, const char *name, int split_keys, int varian
                                    work, wb, &tune, 0);
     const cudaError_t ce = cudaDeviceSynchronize();
     printf("attn %s: Hq=%d Hkv=%d hd=%d gate=%d window=%d T=%d items=%d | variant %d warps %d tile %d tokens, nsplit %d "
-           "(split %d keys), grid %dx%dx%d\n",
+           "(split %d keys, combine %d), grid %dx%dx%d\n",
            name, Hq, f->Hkv, hd, f->off_gate >= 0, f->a.window, f->T, f->n_items, plan.variant, plan.warps, plan.tile_tokens,
-           plan.nsplit, plan.nsplit > 1 ? plan.split_keys : 0, plan.grid_x, plan.grid_y, plan.grid_z);
+           plan.nsplit, plan.nsplit > 1 ? plan.split_keys : 0, plan.combine, plan.grid_x, plan.grid_y, plan.grid_z);
     if (prc || rc || ce != cudaSuccess) {
         case_fail("attn %s: plan rc %d, launch rc %d, device %s", name, prc, rc, cudaGetErrorString(ce));
         cudaFree(work);
@@ -262,6 +269,22 @@ static void attn_check(attn_fix *f, const char *name, int split_keys, int varian
                  name, i, p0, n, e, ATTN_TOL_ITEM, wr, wh, worst, ATTN_TOL_HEAD, nonfinite);
         free(kc), free(vc), free(rows), free(ref), free(gsel);
     }
+    if (plan.nsplit > 1) { /* the other merge kernel: the same bytes */
+        kc_attn_prefill_tuning other = tune;
+        other.combine = plan.combine == 2 ? 1 : 2;
+        KT_CK(cudaMemset(f->d_out, 0xFF, (size_t)f->T * f->ldo * 2));
+        const int rc2 = kc_attn_prefill(&f->a, f->d_row0, f->d_ntok, f->d_pos0, f->d_slot, f->n_items, mc, f->d_out,
+                                        f->ldo, work, wb, &other, 0);
+        KT_CK(cudaDeviceSynchronize());
+        uint16_t *got2 = malloc((size_t)f->T * f->ldo * 2);
+        kt_get(got2, f->d_out, (size_t)f->T * f->ldo * 2);
+        size_t ndiff = 0;
+        for (size_t e = 0; e < (size_t)f->T * f->ldo; e++) ndiff += got2[e] != got16[e];
+        printf("  combine %d vs %d: %zu of %zu values differ\n", other.combine, plan.combine, ndiff, (size_t)f->T * f->ldo);
+        if (rc2 || ndiff) case_fail("attn %s: combine %d (rc %d) differs from combine %d in %zu values", name, other.combine,
+                                    rc2, plan.combine, ndiff);
+        free(got2);
+    }
     free(got16), free(got), free(live);
     cudaFree(work);
 }
@@ -280,6 +303,7 @@ static void test_attn_prefill_chunk_lengths_at_the_1p7b_shape(void **st)
     (void)st;
     n_fail = 0;
     /* mixed lengths and a padding item in one call, no prefix */
+#ifndef KC_EMU
     const item_spec mixed[] = {{1, 0, 0},  {15, 0, 1}, {16, 0, 2}, {17, 0, 3}, {63, 0, 4},
                                {64, 0, 5}, {7, 0, -1}, {65, 0, 6}, {1000, 0, 7}};
     attn_case("mixed lengths", 16, 4, 128, 1, mixed, 9, 0, 0, 1);
@@ -288,10 +312,20 @@ static void test_attn_prefill_chunk_lengths_at_the_1p7b_shape(void **st)
     /* cached prefixes: not multiples of 16, chunks straddling blocks, one
      * token after a long prefix, a 128-token chunk after 4096 */
     const item_spec prefix[] = {{100, 37, 0}, {1, 4095, 1}, {17, 15, 2}, {5, 0, -1}, {64, 64, 3}, {130, 1000, 4}};
-    attn_case("cached prefixes", 16, 4, 128, 0, prefix, 6, 0, 0, 1);
     const item_spec after[] = {{128, 4096, 0}};
-    attn_case("128 after 4096 (plan splits)", 16, 4, 128, 1, after, 1, 0, 0, 1);
-    attn_case("128 after 4096, split 256", 16, 4, 128, 1, after, 1, 256, 0, 1);
+#else /* the emulator: the same boundaries, shorter */
+    const item_spec mixed[] = {{1, 0, 0},  {15, 0, 1}, {16, 0, 2}, {17, 0, 3}, {63, 0, 4},
+                               {64, 0, 5}, {7, 0, -1}, {65, 0, 6}, {130, 0, 7}};
+    attn_case("mixed lengths", 16, 4, 128, 1, mixed, 9, 0, 0, 1);
+    const item_spec prefix[] = {{40, 37, 0}, {1, 700, 1}, {17, 15, 2}, {5, 0, -1}, {64, 64, 3}, {33, 300, 4}};
+    /* lm-eval's cached continuation: 8 short items after 1,023 cached tokens */
+    const item_spec cont[] = {{14, 1023, 0}, {22, 1023, 1}, {2, 1023, 2}, {17, 1023, 3}};
+    attn_case("4 short continuations after 1023", 16, 4, 128, 1, cont, 4, 0, 0, 1);
+    const item_spec after[] = {{33, 600, 0}};
+#endif
+    attn_case("cached prefixes", 16, 4, 128, 0, prefix, 6, 0, 0, 1);
+    attn_case("a chunk after a long prefix (plan splits)", 16, 4, 128, 1, after, 1, 0, 0, 1);
+    attn_case("a chunk after a long prefix, split 256", 16, 4, 128, 1, after, 1, 256, 0, 1);
     /* the other kernel variants on the same shapes */
     for (int v = 2; v <= 3; v++) {
         char nm[64];
@@ -328,10 +362,18 @@ static void test_attn_prefill_sliding_window_matches_reference(void **st)
 {
     (void)st;
     n_fail = 0;
+#ifndef KC_EMU
     const item_spec items[] = {{100, 0, 0}, {1, 700, 1}, {17, 15, 2}, {5, 0, -1}, {130, 1000, 3}, {64, 64, 4}};
+#else
+    const item_spec items[] = {{40, 0, 0}, {1, 300, 1}, {17, 15, 2}, {5, 0, -1}, {30, 260, 3}, {64, 64, 4}};
+#endif
     const int windows[] = {24, 64, 100, 1, 5000};
     const int shapes[][3] = {{4, 2, 16}, {16, 4, 128}, {8, 8, 64}}; /* Hq, Hkv, hd */
+#ifndef KC_EMU
     for (int si = 0; si < 3; si++)
+#else /* the emulator: group 1 at hd 64 is in test_attn_prefill_every_head_dim_and_group */
+    for (int si = 0; si < 2; si++)
+#endif
         for (int wi = 0; wi < 5; wi++)
             for (int split = 0; split <= 256; split += 192) { /* planned, then 64-key splits */
                 attn_fix f;
@@ -360,7 +402,7 @@ static void test_attn_prefill_split_bound_is_only_a_hint(void **st)
     fix_free(&f);
     /* split 64 over 340 keys wants 6 splits; a workspace for 2 */
     fix_init(&f, 8, 2, 64, 0, items, 4, 0, 1.0f, 1);
-    const kc_attn_prefill_tuning split64 = {0, 64};
+    const kc_attn_prefill_tuning split64 = {0, 64, 0};
     const size_t wb = (size_t)2 * f.T * 8 * (64 + 2) * 4;
     kc_attn_prefill_plan plan;
     assert_int_equal(kc_attn_prefill_plan_for(&f.a, f.n_items, f.max_ctx, wb, &split64, &plan), 0);
@@ -392,6 +434,7 @@ static void test_attn_prefill_refuses_unsupported_shapes(void **st)
     }
 }
 
+#ifndef KC_EMU
 /* The lead's pipeline: kc_gqa_qkv (RMSNorm, partial RoPE, append to the
  * cache) then kc_attn_prefill, against the reference built from proj. */
 static void test_attn_prefill_after_gqa_qkv_matches_reference(void **st)
@@ -465,6 +508,8 @@ static void test_attn_prefill_after_gqa_qkv_matches_reference(void **st)
     fix_free(&f);
     assert_int_equal(n_fail, 0);
 }
+
+#endif
 
 /* ---- log-probs / top-n ---- */
 
@@ -624,6 +669,7 @@ static void test_logprob_rows_refuse_bad_arguments(void **st)
 }
 
 /* ---- benchmarks ---- */
+#ifndef KC_EMU
 static int cmp_float(const void *a, const void *b)
 {
     const float x = *(const float *)a, y = *(const float *)b;
@@ -680,13 +726,16 @@ static int run_decode_path(void *p)
 
 static void bench_attn(void)
 {
+    /* decode: also time the per-row decode kernel on the shape; n@p: n tokens after p cached
+     * ones (8x17@1023: lm-eval's cached continuations, split over the context) */
     struct {
         const char *name;
-        int n, ntok, pos0;
-    } shapes[] = {{"1x2048", 1, 2048, 0}, {"8x2048", 8, 2048, 0}, {"1x8192", 1, 8192, 0}, {"4x8192", 4, 8192, 0},
-                  {"128@4096", 1, 128, 4096}};
+        int n, ntok, pos0, decode;
+    } shapes[] = {{"1x2048", 1, 2048, 0, 1},      {"8x2048", 8, 2048, 0, 0},     {"1x8192", 1, 8192, 0, 0},
+                  {"4x8192", 4, 8192, 0, 0},      {"128@4096", 1, 128, 4096, 1}, {"8x17@1023", 8, 17, 1023, 0},
+                  {"1x33@1023", 1, 33, 1023, 0}};
     const int Hq = 16, Hkv = 4, hd = 128;
-    for (int si = 0; si < 5; si++) {
+    for (int si = 0; si < (int)(sizeof shapes / sizeof shapes[0]); si++) {
         item_spec items[8];
         double keys = 0;
         for (int i = 0; i < shapes[si].n; i++) {
@@ -699,19 +748,21 @@ static void bench_attn(void)
         attn_bench_ctx c = {.f = &f};
         c.wb = kc_attn_prefill_workspace(f.T, f.n_items, Hq, hd, f.max_ctx);
         c.work = kt_dev(NULL, c.wb ? c.wb : 16);
-        for (int v = 1; v <= 3; v++) {
-            c.tune.variant = v;
-            kc_attn_prefill_plan plan;
-            kc_attn_prefill_plan_for(&f.a, f.n_items, f.max_ctx, c.wb, &c.tune, &plan);
-            const float ms = time_median(run_prefill, &c, 15);
-            const double tf = flops / (ms * 1e-3) / 1e12;
-            printf("BENCH {\"op\":\"attn_prefill\",\"shape\":\"%s\",\"Hq\":%d,\"Hkv\":%d,\"hd\":%d,\"variant\":%d,"
-                   "\"warps\":%d,\"nsplit\":%d,\"split_keys\":%d,\"ms\":%.4f,\"gflop\":%.3f,\"tflops\":%.1f,"
-                   "\"frac_bf16_peak\":%.3f}\n",
-                   shapes[si].name, Hq, Hkv, hd, v, plan.warps, plan.nsplit, plan.nsplit > 1 ? plan.split_keys : 0, ms,
-                   flops / 1e9, tf, tf / H200_BF16_TFLOPS);
-        }
-        if (si == 0 || si == 4) { /* today's path: per-row flash decoding */
+        for (int v = 1; v <= 3; v++)
+            for (int cb = 1; cb <= 2; cb++) { /* the merge kernels, where the plan splits */
+                c.tune.variant = v, c.tune.combine = cb;
+                kc_attn_prefill_plan plan;
+                kc_attn_prefill_plan_for(&f.a, f.n_items, f.max_ctx, c.wb, &c.tune, &plan);
+                if (cb == 2 && plan.nsplit == 1) continue;
+                const float ms = time_median(run_prefill, &c, 15);
+                const double tf = flops / (ms * 1e-3) / 1e12;
+                printf("BENCH {\"op\":\"attn_prefill\",\"shape\":\"%s\",\"Hq\":%d,\"Hkv\":%d,\"hd\":%d,\"variant\":%d,"
+                       "\"warps\":%d,\"nsplit\":%d,\"split_keys\":%d,\"combine\":%d,\"ms\":%.4f,\"gflop\":%.3f,"
+                       "\"tflops\":%.1f,\"frac_bf16_peak\":%.3f}\n",
+                       shapes[si].name, Hq, Hkv, hd, v, plan.warps, plan.nsplit, plan.nsplit > 1 ? plan.split_keys : 0,
+                       plan.combine, ms, flops / 1e9, tf, tf / H200_BF16_TFLOPS);
+            }
+        if (shapes[si].decode) { /* the per-row flash-decoding path */
             int32_t *tpos = malloc((size_t)f.T * 4), *tslot = malloc((size_t)f.T * 4);
             for (int i = 0; i < f.n_items; i++)
                 for (int t = 0; t < f.ntok[i]; t++) tpos[f.row0[i] + t] = f.pos0[i] + t, tslot[f.row0[i] + t] = f.slot[i];
@@ -790,9 +841,12 @@ static void bench_logprob(void)
     cudaFree(c.ids), cudaFree(c.lps);
 }
 
+#endif
+
 int main(int argc, char **argv)
 {
     kt_skip_without_gpu();
+#ifndef KC_EMU
     /* the backend's launch policy (KDA_TUNING=pdl=0: PDL off) */
     kda_tuning tn;
     char err[256];
@@ -810,6 +864,7 @@ int main(int argc, char **argv)
         bench_attn();
         return 0;
     }
+#endif
     if (argc > 1) cmocka_set_test_filter(argv[1]); /* e.g. test_attn_prefill_every_head_dim_and_group */
     const struct CMUnitTest tests[] = {
         /* log-probs first: a device fault in attention (sticky) would end the run */
@@ -820,7 +875,9 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_attn_prefill_split_bound_is_only_a_hint),
         cmocka_unit_test(test_attn_prefill_sliding_window_matches_reference),
         cmocka_unit_test(test_attn_prefill_chunk_lengths_at_the_1p7b_shape),
+#ifndef KC_EMU
         cmocka_unit_test(test_attn_prefill_after_gqa_qkv_matches_reference),
+#endif
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
