@@ -435,8 +435,9 @@ static __device__ __forceinline__ void pf_combine_value(const kc_gqa_args &a, co
     out[(size_t)trow * ldo + h * hd + d] = f2bf(o);
 }
 
-/* combine 1 (the default until combine 2 is timed on the GPU; then this one
- * goes): grid (Hkv, row-tile bound), 128 threads, each block merges every
+/* combine 1 (the default before combine 2 was timed; kept one session as the
+ * tests' byte-for-byte partner, then it goes): grid (Hkv, row-tile bound), 128
+ * threads, each block merges every
  * (token, head, dim) of its tile, 64 values a thread at the 1.7B shape: a
  * latency-bound loop (ncu, H100, 8 x 17 after 1,023: 131 us a layer against
  * the attention's 21.9). Kept as it was (its SASS unchanged); its loop body
@@ -476,9 +477,11 @@ __global__ void __launch_bounds__(128)
     }
 }
 
-/* combine 2: grid (Hkv, row-tile bound, TQ), block z merges token z of the
- * tile (G x hd values, 4 a thread at the 1.7B shape): 16 times the blocks of
- * combine 1 at 4 warps, the same arithmetic per value, so the same bits */
+/* combine 2, the default: grid (Hkv, row-tile bound, TQ), block z merges token
+ * z of the tile (G x hd values, 4 a thread at the 1.7B shape): 16 times the
+ * blocks of combine 1 at 4 warps, the same arithmetic per value, so the same
+ * bits (H100, 2026-12-07: 13.4 us a layer against 131 in 8 x 17 after 1,023;
+ * results/h100-2026-12-07-combine-44654e2.txt) */
 __global__ void __launch_bounds__(128)
     attn_prefill_combine_tok_kernel(kc_gqa_args a, pf_items items, int TQ, const float *opart, const float *ml,
                                     int nsplit, int split_keys, bf16 *out, int ldo)
@@ -636,7 +639,7 @@ int kc_attn_prefill_plan_for(const kc_gqa_args *a, int n_items, int max_ctx, siz
     }
     p->grid_z = p->nsplit;
     p->work_needed = p->nsplit > 1 ? per_split * p->nsplit : 0;
-    p->combine = p->nsplit > 1 ? (tune->combine == 2 ? 2 : 1) : 0;
+    p->combine = p->nsplit > 1 ? (tune->combine == 1 ? 1 : 2) : 0;
     return 0;
 }
 

@@ -47,7 +47,7 @@ typedef struct {
                      * (ops_attn_prefill.cu; benchmarks) */
     int split_keys; /* > 0: split the context every split_keys keys (rounded up to 64) in
                      * every call (tests); 0: by shape */
-    int combine;    /* the merge of context splits: 0 the default (1), 1 one block per (KV head,
+    int combine;    /* the merge of context splits: 0 the default (2), 1 one block per (KV head,
                      * row tile), 2 one block per (KV head, token); the same bits either way */
 } kc_attn_prefill_tuning;          /* zero-initialised = the defaults; NULL = the same */
 int kc_attn_prefill(const kc_gqa_args *a, const int32_t *item_row0, const int32_t *item_ntok,
