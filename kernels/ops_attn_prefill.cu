@@ -440,8 +440,7 @@ static __device__ __forceinline__ void pf_combine_value(const kc_gqa_args &a, co
  * threads, each block merges every
  * (token, head, dim) of its tile, 64 values a thread at the 1.7B shape: a
  * latency-bound loop (ncu, H100, 8 x 17 after 1,023: 131 us a layer against
- * the attention's 21.9). Kept as it was (its SASS unchanged); its loop body
- * is pf_combine_value's arithmetic. */
+ * the attention's 21.9). */
 __global__ void __launch_bounds__(128)
     attn_prefill_combine_kernel(kc_gqa_args a, pf_items items, int TQ, const float *opart, const float *ml, int nsplit,
                                 int split_keys, bf16 *out, int ldo)
@@ -453,27 +452,9 @@ __global__ void __launch_bounds__(128)
     const int G = a.Hq / a.Hkv, hd = a.hd, kvh = blockIdx.x;
     const int tok0 = it.tile * TQ;
     const int ntq = min(min(TQ, it.ntok - tok0), a.T - (it.row0 + tok0));
-    const int kcap = a.max_blocks * a.blk;
     for (int idx = threadIdx.x; idx < ntq * G * hd; idx += blockDim.x) {
-        const int d = idx % hd, r = idx / hd, tq = r / G, h = kvh * G + r % G;
-        const int trow = it.row0 + tok0 + tq;
-        const int kend = min(it.pos0 + tok0 + tq + 1, kcap);
-        const int ns = min(nsplit, (kend + split_keys - 1) / split_keys);
-        /* sliding window: the splits from the one holding the row's first key */
-        const int klo = a.window > 0 ? max(0, it.pos0 + tok0 + tq - a.window + 1) : 0;
-        const int s0 = min(klo / split_keys, ns - 1);
-        float M = -INFINITY;
-        for (int s = s0; s < ns; s++) M = fmaxf(M, ml[(((size_t)s * a.T + trow) * a.Hq + h) * 2]);
-        float L = 0.0f, o = 0.0f;
-        for (int s = s0; s < ns; s++) {
-            const size_t prow = ((size_t)s * a.T + trow) * a.Hq + h;
-            const float w = exp2f(ml[prow * 2] - M);
-            L = fmaf(w, ml[prow * 2 + 1], L);
-            o = fmaf(w, opart[prow * hd + d], o);
-        }
-        o /= L;
-        if (a.off_gate >= 0) o *= sigmoidf_(a.proj[(size_t)trow * a.ldp + a.off_gate + h * hd + d]);
-        out[(size_t)trow * ldo + h * hd + d] = f2bf(o);
+        const int d = idx % hd, r = idx / hd;
+        pf_combine_value(a, it, tok0, r / G, kvh * G + r % G, d, opart, ml, nsplit, split_keys, out, ldo);
     }
 }
 
