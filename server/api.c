@@ -192,6 +192,18 @@ static const char *next_special(const api_ctx *ctx, const char *p, int32_t *id, 
     return best;
 }
 
+/* Room for `need` ids in *out (capacity *cap), doubling as it grows. */
+static int ids_reserve(int32_t **out, size_t *cap, size_t need)
+{
+    if (need <= *cap) return 0;
+    size_t c = *cap * 2 > need ? *cap * 2 : need;
+    int32_t *o = realloc(*out, c * sizeof *o);
+    if (!o) return -1;
+    *out = o;
+    *cap = c;
+    return 0;
+}
+
 /* Text -> ids, with the model's BOS in front when asked. Special-token
  * strings become their ids; the text between them is encoded piece by piece
  * (SentencePiece then adds its word-start marker to each piece, as Hugging
@@ -226,17 +238,22 @@ static int encode_capped(const api_ctx *ctx, const char *text, int add_bos, int 
                 free(out);
                 return fail(e, 400, "could not tokenize the prompt: %s", err);
             }
-            if ((size_t)(k + n_raw + 2) > cap) {
-                cap = (size_t)(k + n_raw + 2) + cap;
-                int32_t *o = realloc(out, cap * sizeof *out);
-                if (!o) { free(raw); free(out); return fail(e, 500, "out of memory"); }
-                out = o;
+            if (ids_reserve(&out, &cap, (size_t)k + (size_t)n_raw) != 0) {
+                free(raw);
+                free(out);
+                return fail(e, 500, "out of memory");
             }
             if (n_raw) memcpy(out + k, raw, (size_t)n_raw * sizeof *out);
             k += n_raw;
             free(raw);
         }
         if (!sp) break;
+        /* a run of special tokens with no text between them ("</s><s><s>")
+         * needs room too: the segment's reserve may have left exactly none */
+        if (ids_reserve(&out, &cap, (size_t)k + 1) != 0) {
+            free(out);
+            return fail(e, 500, "out of memory");
+        }
         out[k++] = sid;
         p = sp + slen;
     }

@@ -200,6 +200,10 @@ with Server(spm_model) as s:
     check(r["usage"]["prompt_tokens"] == len(ref), "chat usage counts the ids of the rendered prompt")
     r = requests.post(U + "/tokenize", json={"prompt": "</s>", "add_special_tokens": False}).json()
     check(r["tokens"] == [2], "the eos_token string tokenizes to the EOS id (lm-eval's remote tokenizer relies on it)")
+    run = "ab" + "</s>" * 5 + "<s><s>" + "cd" + "</s><s>" * 20
+    r = requests.post(U + "/tokenize", json={"prompt": run, "add_special_tokens": False}).json()
+    check(r["tokens"] == sp_reference(run), "runs of special-token strings with no text between them are one id each",
+          f"{r['tokens'][:16]}")
     r = requests.post(U + "/tokenize", json={"prompt": "hi", "add_special_tokens": True}).json()
     r2 = requests.post(U + "/tokenize", json={"prompt": "hi", "add_special_tokens": False}).json()
     check(r["tokens"] == [1] + r2["tokens"] and r2["tokens"] == sp_reference("hi"),
