@@ -45,7 +45,7 @@ static void usage(FILE *f)
             "                    gemv_max_t graphs pdl gemm_lt gemm_verbose gemm_tune_flush gemm_splitk\n"
             "                    gemm_skinny gemm_pad gemv_persist gu_bf16 attn_split kda_stream\n"
             "                    fast_prefill mixed_pass mixed_reserve short_prompt prefill_rows attn_prefill_variant\n"
-            "                    attn_prefill_split attn_prefill_combine kda_chunk_gemm kda_chunk_bv\n"
+            "                    attn_prefill_split kda_chunk_gemm kda_chunk_bv\n"
             "                    kda_chunk_split prof cpu_bf16_act kda_state_bf16 poison (engine/engine.h, kda_tuning,\n"
             "                    says what each does)\n"
             "  --kda-state-dtype fp32|bf16  CUDA: how the KDA recurrent state is stored (default fp32)\n"

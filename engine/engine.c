@@ -117,7 +117,7 @@ static const struct {
     TF(gemv_persist, 0, 1), TF(gu_bf16, 0, 1),
     TF(attn_split, 0, 256), TF(kda_stream, 0, 1 << 20), TF(fast_prefill, 0, 1), TF(mixed_pass, 0, 1), TF(mixed_reserve, 0, 1024), TF(short_prompt, 0, 64), TF(prefill_rows, 1, 1 << 20), TF(attn_prefill_variant, 0, 3),
     TF(kda_chunk_gemm, 0, 2), TF(kda_chunk_bv, 0, 64), TF(kda_chunk_split, 0, 16),
-    TF(attn_prefill_split, 0, 1 << 20), TF(attn_prefill_combine, 0, 2), TF(prof, 0, 1), TF(cpu_bf16_act, 0, 1), TF(kda_state_bf16, 0, 1), TF(poison, 0, (1 << 15) - 1),
+    TF(attn_prefill_split, 0, 1 << 20), TF(prof, 0, 1), TF(cpu_bf16_act, 0, 1), TF(kda_state_bf16, 0, 1), TF(poison, 0, (1 << 15) - 1),
 #undef TF
 };
 #define N_TUNING_FIELDS (int)(sizeof tuning_fields / sizeof tuning_fields[0])

@@ -94,9 +94,6 @@ typedef struct {
     int kda_chunk_bv;    /* CUDA: chunked KDA value columns per recurrence block (0 = auto, 16, 32, 64) */
     int kda_chunk_split; /* CUDA: chunked KDA sequence split into up to N segments (0/1 = off) */
     int attn_prefill_split;   /* CUDA: force a context split every N keys in prefill attention (0 = by shape) */
-    int attn_prefill_combine; /* CUDA: the merge of prefill attention's context splits: 1 a block per (KV head,
-                               * row tile), 2 a block per (KV head, token), the same bits (0 = the default, 2:
-                               * 8-11% faster steps after a cached prefix, H100) */
     int prof;            /* CUDA: time kernel categories with events, for kda_engine_prof_take (0) */
     int cpu_bf16_act;    /* CPU: round activations to bf16 where the CUDA backend stores bf16 (0) */
     int poison;          /* CUDA, tests: before every step fill the step's scratch buffers of each set bit

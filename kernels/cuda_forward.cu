@@ -376,8 +376,7 @@ static int gqa_mixer_prefill(cuda_backend *b, const cu_layer *w, int T, int n_de
         a.T = T;
     }
     const kc_attn_prefill_tuning tune = {.variant = b->tn.attn_prefill_variant,
-                                         .split_keys = b->tn.attn_prefill_split,
-                                         .combine = b->tn.attn_prefill_combine};
+                                         .split_keys = b->tn.attn_prefill_split};
     if (n_items > n_dec)
         KC_CHECK(kc_attn_prefill(&a, b->dm.item_row0 + n_dec, b->dm.item_ntok + n_dec, b->dm.item_pos0 + n_dec,
                                  b->dm.item_slot + n_dec, n_items - n_dec, max_ctx, b->ybuf, d->Hq * d->hd, b->attn_ws,

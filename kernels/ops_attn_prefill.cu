@@ -19,9 +19,8 @@
  * Context split (flash-decoding): when the row tiles alone cannot fill the
  * GPU (a short chunk after a long cached prefix), the keys are cut into
  * nsplit ranges of split_keys; each block writes its unnormalised partial
- * (o, m, l) to the workspace and a merge kernel combines them: one block per
- * (KV head, row tile) or (kc_attn_prefill_tuning.combine 2) one per
- * (KV head, token), the same bits.
+ * (o, m, l) to the workspace and a merge kernel combines them, one block per
+ * (KV head, token).
  * The last split always runs to the row's end, so an underestimated max_ctx
  * is slower, never wrong.
  *
@@ -260,7 +259,7 @@ __global__ void __launch_bounds__(NW * 32, MINB)
     const int kcap = a.max_blocks * a.blk; /* positions the block table can address */
     const int tile_kend = min(it.pos0 + tok0 + ntq, kcap);
     /* sliding window: no row of the tile reads keys below its first row's
-     * first key; every split the combine reads for a row (attn_prefill_combine_kernel
+     * first key; every split the combine reads for a row (pf_combine_value
      * from the split holding the row's first key) still runs here */
     /* rounded down to a tile: the tiles then end on the split's end (split_keys is a
      * multiple of PF_BN), and the keys of the last tile past ke are past every row's
@@ -435,34 +434,11 @@ static __device__ __forceinline__ void pf_combine_value(const kc_gqa_args &a, co
     out[(size_t)trow * ldo + h * hd + d] = f2bf(o);
 }
 
-/* combine 1 (the default before combine 2 was timed; kept one session as the
- * tests' byte-for-byte partner, then it goes): grid (Hkv, row-tile bound), 128
- * threads, each block merges every
- * (token, head, dim) of its tile, 64 values a thread at the 1.7B shape: a
- * latency-bound loop (ncu, H100, 8 x 17 after 1,023: 131 us a layer against
- * the attention's 21.9). */
-__global__ void __launch_bounds__(128)
-    attn_prefill_combine_kernel(kc_gqa_args a, pf_items items, int TQ, const float *opart, const float *ml, int nsplit,
-                                int split_keys, bf16 *out, int ldo)
-{
-    KC_PDL_WAIT();
-    KC_PDL_TRIGGER();
-    pf_tile it;
-    if (!pf_find_tile(items, TQ, blockIdx.y, it)) return;
-    const int G = a.Hq / a.Hkv, hd = a.hd, kvh = blockIdx.x;
-    const int tok0 = it.tile * TQ;
-    const int ntq = min(min(TQ, it.ntok - tok0), a.T - (it.row0 + tok0));
-    for (int idx = threadIdx.x; idx < ntq * G * hd; idx += blockDim.x) {
-        const int d = idx % hd, r = idx / hd;
-        pf_combine_value(a, it, tok0, r / G, kvh * G + r % G, d, opart, ml, nsplit, split_keys, out, ldo);
-    }
-}
-
-/* combine 2, the default: grid (Hkv, row-tile bound, TQ), block z merges token
- * z of the tile (G x hd values, 4 a thread at the 1.7B shape): 16 times the
- * blocks of combine 1 at 4 warps, the same arithmetic per value, so the same
- * bits (H100, 2026-12-07: 13.4 us a layer against 131 in 8 x 17 after 1,023;
- * results/h100-2026-12-07-combine-44654e2.txt) */
+/* The merge: grid (Hkv, row-tile bound, TQ), block z merges token z of the
+ * tile (G x hd values, 4 a thread at the 1.7B shape). It replaced a merge of
+ * one block per (KV head, row tile), 64 values a thread, whose latency-bound
+ * loop took 131 us a layer in 8 x 17 after 1,023 against 13.4 for this one,
+ * with the same bits (H100, 2026-12-07, results/h100-2026-12-07-combine-44654e2.txt). */
 __global__ void __launch_bounds__(128)
     attn_prefill_combine_tok_kernel(kc_gqa_args a, pf_items items, int TQ, const float *opart, const float *ml,
                                     int nsplit, int split_keys, bf16 *out, int ldo)
@@ -574,7 +550,7 @@ static int pf_check(const kc_gqa_args *a, int ldo, const void *out)
 int kc_attn_prefill_plan_for(const kc_gqa_args *a, int n_items, int max_ctx, size_t work_bytes,
                              const kc_attn_prefill_tuning *tune, kc_attn_prefill_plan *p)
 {
-    static const kc_attn_prefill_tuning defaults = {0, 0, 0};
+    static const kc_attn_prefill_tuning defaults = {0, 0};
     if (!tune) tune = &defaults;
     memset(p, 0, sizeof *p);
     if (pf_check(a, a->Hq * a->hd, (const void *)0)) return -5;
@@ -620,7 +596,6 @@ int kc_attn_prefill_plan_for(const kc_gqa_args *a, int n_items, int max_ctx, siz
     }
     p->grid_z = p->nsplit;
     p->work_needed = p->nsplit > 1 ? per_split * p->nsplit : 0;
-    p->combine = p->nsplit > 1 ? (tune->combine == 1 ? 1 : 2) : 0;
     return 0;
 }
 
@@ -658,10 +633,7 @@ int kc_attn_prefill(const kc_gqa_args *a, const int32_t *item_row0, const int32_
     float *ml = p.nsplit > 1 ? opart + (size_t)p.nsplit * a->T * a->Hq * a->hd : NULL;
     KC_LAUNCH(k, dim3(p.grid_x, p.grid_y, p.grid_z), dim3(p.warps * 32), smem, s, *a, items, (bf16 *)out, ldo, opart,
               ml, p.nsplit, p.split_keys);
-    if (p.combine == 1)
-        KC_LAUNCH(attn_prefill_combine_kernel, dim3(p.grid_x, p.grid_y), dim3(128), 0, s, *a, items, p.tile_tokens,
-                  (const float *)opart, (const float *)ml, p.nsplit, p.split_keys, (bf16 *)out, ldo);
-    else if (p.combine == 2) {
+    if (p.nsplit > 1) {
         const int vals = G * a->hd; /* a power of two, >= 16 */
         KC_LAUNCH(attn_prefill_combine_tok_kernel, dim3(p.grid_x, p.grid_y, p.tile_tokens), dim3(vals < 128 ? (vals < 32 ? 32 : vals) : 128),
                   0, s, *a, items, p.tile_tokens, (const float *)opart, (const float *)ml, p.nsplit, p.split_keys,

@@ -47,8 +47,6 @@ typedef struct {
                      * (ops_attn_prefill.cu; benchmarks) */
     int split_keys; /* > 0: split the context every split_keys keys (rounded up to 64) in
                      * every call (tests); 0: by shape */
-    int combine;    /* the merge of context splits: 0 the default (2), 1 one block per (KV head,
-                     * row tile), 2 one block per (KV head, token); the same bits either way */
 } kc_attn_prefill_tuning;          /* zero-initialised = the defaults; NULL = the same */
 int kc_attn_prefill(const kc_gqa_args *a, const int32_t *item_row0, const int32_t *item_ntok,
                     const int32_t *item_pos0, const int32_t *item_slot, int n_items, int max_ctx,
@@ -64,7 +62,6 @@ size_t kc_attn_prefill_workspace(int T, int n_items, int Hq, int hd, int max_ctx
  * 0, or -5 for a refused shape. */
 typedef struct {
     int variant, warps, tile_tokens, nsplit, split_keys, grid_x, grid_y, grid_z;
-    int combine; /* the merge kernel (kc_attn_prefill_tuning.combine), 0 when nsplit is 1 */
     size_t work_needed;
 } kc_attn_prefill_plan;
 int kc_attn_prefill_plan_for(const kc_gqa_args *a, int n_items, int max_ctx, size_t work_bytes,

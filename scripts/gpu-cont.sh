@@ -9,7 +9,7 @@
 #      prof=1 (device time by kind), under each tuning of KDA_CONT_TUNINGS in turn (default
 #      "default short_prompt=0": every short prompt through the chunked kernels instead of
 #      the per-token ones; a tuning may repeat, to interleave an A/B, e.g.
-#      "attn_prefill_combine=1 attn_prefill_combine=2 attn_prefill_combine=1 attn_prefill_combine=2");
+#      "kda_chunk_bv=16 kda_chunk_bv=32 kda_chunk_bv=16 kda_chunk_bv=32");
 #   3. ncu of our kernels in one timed step of two of those points (KDA_CONT_NCU), per
 #      kernel name (scripts/gpu-ncu-pass.sh).
 # $OUT: summary.txt, prefix-lmeval-{base,new}.json, cont.txt (the bench lines and the ncu

@@ -124,7 +124,7 @@ static void usage(FILE *f)
         "                         gemv_max_t graphs pdl gemm_lt gemm_verbose gemm_tune_flush gemm_splitk\n"
         "                         gemm_skinny gemm_pad gemv_persist gu_bf16 attn_split kda_stream\n"
         "                         fast_prefill mixed_pass mixed_reserve short_prompt prefill_rows\n"
-        "                         attn_prefill_variant attn_prefill_split attn_prefill_combine\n"
+        "                         attn_prefill_variant attn_prefill_split\n"
         "                         kda_chunk_gemm kda_chunk_bv kda_chunk_split prof cpu_bf16_act\n"
         "                         kda_state_bf16 (defaults: the measured best; engine/engine.h,\n"
         "                         kda_tuning, says what each does)\n"
