@@ -1234,6 +1234,19 @@ int main(int argc, char **argv)
         c = &cs[n];
         add_single(c, "intra_split=2 simt K=64 T=90", 2, 64, 4, 90, GATE_NORMAL, KC_KDA_GEMM_SIMT), c->vr.isplit = 2;
         c->small = 1, n++;
+        /* short items of every live-block count (1..4 16-row blocks, the lm-eval continuation
+         * shape), split and fused intra */
+        for (int isp = 1; isp <= 2; isp++) {
+            c = &cs[n];
+            memset(c, 0, sizeof *c);
+            c->name = isp == 1 ? "short items K=128 intra_split=1" : "short items K=128 intra_split=2";
+            c->H = 2, c->K = 128, c->V = 128, c->taps = 4, c->n_slots = 8, c->small = 1, c->vr.isplit = isp;
+            const int nt[] = {17, 9, 33, 1, 48, 49, 16, 64};
+            const int sl[] = {0, 1, 2, 3, 4, 5, 6, 7};
+            c->n_items = 8;
+            memcpy(c->ntok, nt, sizeof nt), memcpy(c->slot, sl, sizeof sl);
+            n++;
+        }
     }
     /* the chunk table planned by an earlier call (the backend plans once per pass) */
     {
